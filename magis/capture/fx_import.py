@@ -1,0 +1,180 @@
+"""Turn a functionalized torch.fx graph of ATen ops into a magis `Graph`.
+
+getitem nodes disappear (consumers refer to an output by index); the functionalization epilogue
+`copy_(placeholder, value)` is folded into `value`'s producer as an in-place write when it can be
+(the parameter's memory then counts once, as in eager PyTorch), and kept as a `copy_` node writing
+into the placeholder otherwise; dead nodes without side effects are dropped.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+
+from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
+from magis.ir.graph import refs_in
+
+_EMPTY = TensorMeta((0,), "float32", 4)  # an output the op did not produce (None)
+
+
+def _metas(val) -> tuple[TensorMeta, ...]:
+    if isinstance(val, torch.Tensor):
+        return (TensorMeta.of(val),)
+    if isinstance(val, list | tuple):
+        return tuple(TensorMeta.of(v) if isinstance(v, torch.Tensor) else _EMPTY for v in val)
+    return ()
+
+
+def _convert_arg(a, env: dict[fx.Node, Ref]):
+    if isinstance(a, fx.Node):
+        return env[a]
+    if isinstance(a, list):
+        return [_convert_arg(x, env) for x in a]
+    if isinstance(a, tuple):
+        return tuple(_convert_arg(x, env) for x in a)
+    return a
+
+
+def op_name(target) -> str:
+    """'aten.mm.default' for torch.ops.aten.mm.default."""
+    return str(target) if isinstance(target, torch._ops.OpOverload) else repr(target)
+
+
+def import_fx(
+    gm: fx.GraphModule,
+    placeholder_kinds: Sequence[PlaceholderKind],
+    placeholder_names: Sequence[str] | None = None,
+) -> Graph:
+    """Build a Graph from `gm` (ATen ops only; placeholders in the given kinds, in order)."""
+    fx_graph = gm.graph
+    _drop_dead(fx_graph)
+    epilogue = _mutation_epilogue(fx_graph)
+    graph = Graph()
+    env: dict[fx.Node, Ref] = {}
+    ph_index = 0
+    for n in fx_graph.nodes:
+        if n.op == "placeholder":
+            name = placeholder_names[ph_index] if placeholder_names else n.name
+            nid = graph.add_placeholder(name, TensorMeta.of(n.meta["val"]),
+                                        placeholder_kinds[ph_index])
+            env[n] = Ref(nid)
+            ph_index += 1
+        elif n.op == "call_function" and n.target is operator.getitem:
+            src = env[n.args[0]]
+            env[n] = Ref(src.node, n.args[1])
+        elif n.op == "call_function":
+            if n in epilogue.skipped:
+                continue
+            writes = env[epilogue.folded[n]] if n in epilogue.folded else None
+            args = _convert_arg(n.args, env)
+            kwargs = {k: _convert_arg(v, env) for k, v in n.kwargs.items()}
+            nid = graph.add_op(n.name, op_name(n.target), args, kwargs, _metas(n.meta.get("val")),
+                               writes_into=writes)
+            env[n] = Ref(nid)
+        elif n.op == "output":
+            outs = [env[a] for a in refs_or_nodes(n.args[0])]
+            graph.set_outputs(outs)
+    order_writes_after_readers(graph)
+    graph.verify()
+    return graph
+
+
+def refs_or_nodes(value) -> list[fx.Node]:
+    if isinstance(value, fx.Node):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in refs_or_nodes(v)]
+    return []
+
+
+class _Epilogue:
+    def __init__(self) -> None:
+        self.folded: dict[fx.Node, fx.Node] = {}  # producer -> placeholder it now writes into
+        self.skipped: set[fx.Node] = set()  # copy_ nodes made redundant by folding
+
+
+def _mutation_epilogue(g: fx.Graph) -> _Epilogue:
+    """Find `copy_(placeholder, value)` pairs that can become in-place writes of `value`'s op.
+
+    Folding needs the producer to allocate (not a view, not itself a placeholder), to have one
+    output of the placeholder's shape and dtype, and an `.out` overload the executor can call.
+    """
+    ep = _Epilogue()
+    for n in g.nodes:
+        if n.op != "call_function" or n.target is not torch.ops.aten.copy_.default:
+            continue
+        dst, src = n.args[0], n.args[1]
+        if dst.op != "placeholder" or not isinstance(src, fx.Node) or src.op != "call_function":
+            continue
+        if src in ep.folded or not _can_write_out(src, dst):
+            continue
+        ep.folded[src] = dst
+        ep.skipped.add(n)
+    return ep
+
+
+def _can_write_out(src: fx.Node, dst: fx.Node) -> bool:
+    target = src.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    sv, dv = src.meta.get("val"), dst.meta.get("val")
+    if not isinstance(sv, torch.Tensor) or not isinstance(dv, torch.Tensor):
+        return False
+    if sv.shape != dv.shape or sv.dtype != dv.dtype or sv.stride() != dv.stride():
+        return False
+    if target._schema.is_mutable or any(a.alias_info for a in target._schema.returns):
+        return False
+    packet = getattr(torch.ops.aten, target._schema.name.split("::")[-1], None)
+    return packet is not None and "out" in packet.overloads()
+
+
+_SIDE_EFFECT_FREE_DEAD = {"empty", "empty_like", "detach", "alias", "t", "view", "clone",
+                          "zeros", "ones_like", "zeros_like", "empty_strided", "expand",
+                          "_unsafe_view", "transpose", "permute", "lift_fresh_copy"}
+
+
+def _drop_dead(g: fx.Graph) -> None:
+    """Remove unused nodes that have no side effects (functionalization leaves some behind)."""
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(list(g.nodes)):
+            if n.op != "call_function" or n.users:
+                continue
+            base = getattr(n.target, "_schema", None)
+            name = base.name.split("::")[-1] if base is not None else ""
+            if n.target is operator.getitem or name in _SIDE_EFFECT_FREE_DEAD:
+                g.erase_node(n)
+                changed = True
+
+
+def order_writes_after_readers(graph: Graph) -> None:
+    """Every node that reads the old value of a storage an in-place write overwrites runs first.
+
+    Values are versioned along alias chains: the placeholder and its views are version 0; the
+    writer's output and its views are the new version, read only by the writer's descendants.
+    """
+    storages = graph.storages()
+    writers: dict[Ref, int] = {}
+    for nid in graph.program_order():
+        node = graph.node(nid)
+        if node.writes_into is not None:
+            writers[storages.storage_of(node.writes_into)] = nid
+    if not writers:
+        return
+    new_values = {Ref(w, 0) for w in writers.values()}
+    for nid in graph.topological_order():  # views of a new value are new values
+        node = graph.node(nid)
+        if graph.info(nid).is_view and any(r in new_values for r in refs_in(node.args[:1])):
+            new_values.update(Ref(nid, i) for i in range(len(node.outputs)))
+    for storage, writer in writers.items():
+        for reader in storages.readers[storage]:
+            if reader == writer:
+                continue
+            reads_old = any(storages.storage_of(r) == storage and r not in new_values
+                            for r in graph.node(reader).inputs)
+            if reads_old:
+                graph.add_control_dep(reader, writer)

@@ -1,0 +1,19 @@
+"""The IR: graph, tensor metadata, storages and aliases, the op registry (MAGIS §2.1, Table 1)."""
+
+from magis.ir.graph import Graph, GraphError, Node, NodeKind, PlaceholderKind, Ref, StorageMap
+from magis.ir.ops import DEFAULT_REGISTRY, OpInfo, OpRegistry
+from magis.ir.tensor import TensorMeta
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "Graph",
+    "GraphError",
+    "Node",
+    "NodeKind",
+    "OpInfo",
+    "OpRegistry",
+    "PlaceholderKind",
+    "Ref",
+    "StorageMap",
+    "TensorMeta",
+]

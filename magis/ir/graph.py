@@ -1,0 +1,364 @@
+"""The computation graph (MAGIS §2.1, Table 1) on rustworkx.
+
+A node is one ATen op call (or a placeholder) with constant arguments, the values it consumes
+(`Ref`s to outputs of other nodes) and its output tensors' metadata. Multi-output ops have several
+outputs and consumers refer to them by index, so there are no getitem nodes.
+
+The graph is mutable only through a few checked methods (`add_placeholder`, `add_op`,
+`remove_node`, `add_control_dep`, `set_outputs`); every derived fact (storages, topological
+order, users) is recomputed from the current version when asked, never reset by hand.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import rustworkx as rx
+
+from magis.ir.ops import DEFAULT_REGISTRY, OpInfo, OpRegistry
+from magis.ir.tensor import TensorMeta
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Ref:
+    """Output `index` of node `node`."""
+
+    node: int
+    index: int = 0
+
+
+class NodeKind(enum.Enum):
+    PLACEHOLDER = "placeholder"
+    OP = "op"
+
+
+class PlaceholderKind(enum.Enum):
+    """What an input of the step holds; decides how the peak breakdown counts it."""
+
+    WEIGHT = "weight"
+    BUFFER = "buffer"
+    OPT_STATE = "optimizer_state"
+    DATA = "data"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: int
+    name: str
+    op: str  # "placeholder" or an overload name such as "aten.mm.default"
+    kind: NodeKind
+    args: tuple = ()  # constants and Refs (lists of Refs for cat and friends)
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    outputs: tuple[TensorMeta, ...] = ()
+    placeholder_kind: PlaceholderKind | None = None
+    # The output is written into this placeholder's storage (optimizer and running-stat
+    # updates): it allocates nothing, and every other reader of the old value runs before it.
+    writes_into: Ref | None = None
+    inputs: tuple[Ref, ...] = field(default=())  # distinct Refs in args/kwargs, in order
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.kind is NodeKind.PLACEHOLDER
+
+    @property
+    def kwargs_dict(self) -> dict[str, Any]:
+        return dict(self.kwargs)
+
+    def out(self, index: int = 0) -> Ref:
+        return Ref(self.id, index)
+
+
+def refs_in(value: Any) -> Iterator[Ref]:
+    """Every Ref inside an argument value (lists and tuples searched)."""
+    if isinstance(value, Ref):
+        yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from refs_in(v)
+
+
+def map_refs(value: Any, fn) -> Any:
+    """`value` with every Ref replaced by fn(ref), lists and tuples rebuilt."""
+    if isinstance(value, Ref):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_refs(v, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(map_refs(v, fn) for v in value)
+    return value
+
+
+class GraphError(ValueError):
+    """A structural invariant of the graph is broken (a bug in a rewrite, not a user error)."""
+
+
+class Graph:
+    """A DAG of ATen-level nodes. Data edges go producer -> consumer; control edges order an
+    in-place update after every other reader of the storage it overwrites."""
+
+    def __init__(self, registry: OpRegistry = DEFAULT_REGISTRY) -> None:
+        self.registry = registry
+        self._dag = rx.PyDiGraph(check_cycle=False, multigraph=False)
+        self._nodes: dict[int, Node] = {}
+        self._index: dict[int, int] = {}  # node id -> rustworkx index (indices get reused)
+        self._control: dict[int, set[int]] = {}  # node -> nodes that must run before it
+        self._outputs: tuple[Ref, ...] = ()
+        self._next_id = 0
+        self._derived: dict[str, Any] = {}
+
+    # --- construction ---------------------------------------------------------------------
+
+    def add_placeholder(self, name: str, meta: TensorMeta, kind: PlaceholderKind) -> int:
+        node = Node(self._next_id, name, "placeholder", NodeKind.PLACEHOLDER, outputs=(meta,),
+                    placeholder_kind=kind)
+        return self._insert(node)
+
+    def add_op(
+        self,
+        name: str,
+        op: str,
+        args: tuple,
+        kwargs: dict[str, Any] | None = None,
+        outputs: tuple[TensorMeta, ...] = (),
+        writes_into: Ref | None = None,
+    ) -> int:
+        kw = tuple(sorted((kwargs or {}).items()))
+        inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
+        for ref in inputs:
+            self._check_ref(ref)
+        if writes_into is not None:
+            self._check_ref(writes_into)
+        node = Node(self._next_id, name, op, NodeKind.OP, tuple(args), kw, tuple(outputs),
+                    writes_into=writes_into, inputs=inputs)
+        nid = self._insert(node)
+        for ref in inputs:
+            self._dag.add_edge(self._index[ref.node], self._index[nid], "data")
+        return nid
+
+    def _insert(self, node: Node) -> int:
+        self._nodes[node.id] = node
+        self._index[node.id] = self._dag.add_node(node.id)
+        self._next_id += 1
+        self._derived.clear()
+        return node.id
+
+    def add_control_dep(self, before: int, after: int) -> None:
+        """`after` may only run once `before` has run (no data flows)."""
+        if before == after:
+            return
+        self._control.setdefault(after, set()).add(before)
+        a, b = self._index[before], self._index[after]
+        if not self._dag.has_edge(a, b):
+            self._dag.add_edge(a, b, "control")
+        self._derived.clear()
+
+    def set_outputs(self, refs: Iterable[Ref]) -> None:
+        refs = tuple(refs)
+        for ref in refs:
+            self._check_ref(ref)
+        self._outputs = refs
+        self._derived.clear()
+
+    def remove_node(self, nid: int) -> None:
+        """Remove a node nobody uses (torch.fx's erase_node contract)."""
+        if self.users(nid):
+            raise GraphError(f"cannot remove {self._nodes[nid].name}: it still has users")
+        if any(r.node == nid for r in self._outputs):
+            raise GraphError(f"cannot remove {self._nodes[nid].name}: it is a graph output")
+        self._dag.remove_node(self._index.pop(nid))
+        del self._nodes[nid]
+        self._control.pop(nid, None)
+        for deps in self._control.values():
+            deps.discard(nid)
+        self._derived.clear()
+
+    def _check_ref(self, ref: Ref) -> None:
+        node = self._nodes.get(ref.node)
+        if node is None or not 0 <= ref.index < len(node.outputs):
+            raise GraphError(f"reference to a missing value {ref}")
+
+    # --- queries ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, nid: int) -> bool:
+        return nid in self._nodes
+
+    def node(self, nid: int) -> Node:
+        return self._nodes[nid]
+
+    @property
+    def nodes(self) -> dict[int, Node]:
+        return self._nodes
+
+    @property
+    def outputs(self) -> tuple[Ref, ...]:
+        return self._outputs
+
+    @property
+    def dag(self) -> rx.PyDiGraph:
+        """The rustworkx graph; its node payloads are node ids."""
+        return self._dag
+
+    def rx_index(self, nid: int) -> int:
+        return self._index[nid]
+
+    def meta(self, ref: Ref) -> TensorMeta:
+        return self._nodes[ref.node].outputs[ref.index]
+
+    def info(self, nid: int) -> OpInfo:
+        return self.registry.lookup(self._nodes[nid].op)
+
+    def users(self, nid: int) -> list[int]:
+        """Nodes that consume an output of `nid` (data edges), in id order."""
+        return self._cached("users", self._compute_users).get(nid, [])
+
+    def control_deps(self, nid: int) -> frozenset[int]:
+        return frozenset(self._control.get(nid, ()))
+
+    def predecessors(self, nid: int) -> list[int]:
+        """Data and control predecessors: what must run before `nid`."""
+        return [self._dag[i] for i in self._dag.predecessor_indices(self._index[nid])]
+
+    def successors(self, nid: int) -> list[int]:
+        return [self._dag[i] for i in self._dag.successor_indices(self._index[nid])]
+
+    def placeholders(self, kind: PlaceholderKind | None = None) -> list[int]:
+        return [n.id for n in self._nodes.values()
+                if n.is_placeholder and (kind is None or n.placeholder_kind is kind)]
+
+    def ops(self) -> list[int]:
+        return [n.id for n in self._nodes.values() if not n.is_placeholder]
+
+    def program_order(self) -> list[int]:
+        """Nodes in insertion order: the order the captured program ran them."""
+        return list(self._nodes)
+
+    def topological_order(self) -> list[int]:
+        """A topological order, ties broken by program order (deterministic)."""
+        return self._cached("topo", self._compute_topo)
+
+    def meta_args(self, nid: int) -> tuple[tuple, dict[str, Any]]:
+        """The node's args and kwargs with every Ref replaced by its TensorMeta (cost terms)."""
+        node = self._nodes[nid]
+        args = map_refs(node.args, self.meta)
+        kwargs = {k: map_refs(v, self.meta) for k, v in node.kwargs}
+        return args, kwargs
+
+    # --- derived facts --------------------------------------------------------------------
+
+    def _cached(self, key: str, compute):
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
+
+    def _compute_users(self) -> dict[int, list[int]]:
+        users: dict[int, list[int]] = {}
+        for node in self._nodes.values():
+            for src in dict.fromkeys(r.node for r in node.inputs):
+                users.setdefault(src, []).append(node.id)
+        return users
+
+    def _compute_topo(self) -> list[int]:
+        rank = {nid: i for i, nid in enumerate(self._nodes)}
+        order = rx.lexicographical_topological_sort(self._dag, key=lambda nid: f"{rank[nid]:09d}")
+        return list(order)
+
+    def storages(self) -> StorageMap:
+        """Storage and alias bookkeeping for the current version (see `StorageMap`)."""
+        return self._cached("storages", lambda: StorageMap.build(self))
+
+    # --- checks ---------------------------------------------------------------------------
+
+    def verify(self) -> None:
+        """Check the invariants every rewrite must keep; raise GraphError naming the culprit."""
+        if not rx.is_directed_acyclic_graph(self._dag):
+            raise GraphError("the graph has a cycle")
+        for node in self._nodes.values():
+            for ref in node.inputs:
+                self._check_ref(ref)
+            if node.writes_into is not None:
+                target = self._nodes[node.writes_into.node]
+                if not target.is_placeholder:
+                    raise GraphError(f"{node.name} writes into {target.name}, not a placeholder")
+            if not node.is_placeholder and not node.outputs:
+                raise GraphError(f"{node.name} has no outputs")
+        for ref in self._outputs:
+            self._check_ref(ref)
+
+    def is_valid_schedule(self, order: list[int]) -> bool:
+        """True when `order` runs every node exactly once, after all its predecessors."""
+        if len(order) != len(self._nodes) or set(order) != set(self._nodes):
+            return False
+        pos = {nid: i for i, nid in enumerate(order)}
+        return all(pos[p] < pos[nid] for nid in order for p in self.predecessors(nid))
+
+    def summary(self) -> dict[str, int]:
+        ops = self.ops()
+        return {
+            "nodes": len(self._nodes),
+            "ops": len(ops),
+            "distinct_ops": len({self._nodes[n].op for n in ops}),
+            "views": sum(1 for n in ops if self.info(n).is_view),
+            "placeholders": len(self._nodes) - len(ops),
+        }
+
+
+@dataclass(frozen=True)
+class StorageMap:
+    """Which storage every value lives in (MAGIS counts storages, not tensors).
+
+    A view's outputs share the storage of its first tensor argument; an in-place update's output
+    shares the storage it writes into; every other output allocates a storage of its own, named
+    by the Ref that allocated it. A storage is live from its allocation until the last reader of
+    any of its aliases has run; storages of placeholders are resident throughout.
+    """
+
+    base: dict[Ref, Ref]  # value -> the Ref that allocated its storage
+    nbytes: dict[Ref, int]  # storage (allocating Ref) -> bytes
+    readers: dict[Ref, list[int]]  # storage -> nodes that read any alias of it
+    resident: frozenset[Ref]  # storages of placeholders
+    outputs: frozenset[Ref]  # storages that are graph outputs (live until the end)
+
+    @staticmethod
+    def build(graph: Graph) -> StorageMap:
+        base: dict[Ref, Ref] = {}
+        nbytes: dict[Ref, int] = {}
+        for nid in graph.topological_order():
+            node = graph.node(nid)
+            aliased = _aliased_input(graph, node)
+            for i, meta in enumerate(node.outputs):
+                ref = Ref(nid, i)
+                if aliased is not None:
+                    base[ref] = base[aliased]
+                else:
+                    base[ref] = ref
+                    nbytes[ref] = meta.nbytes
+        readers: dict[Ref, list[int]] = {s: [] for s in nbytes}
+        for nid in graph.topological_order():
+            for s in dict.fromkeys(base[r] for r in graph.node(nid).inputs):
+                readers[s].append(nid)
+        resident = frozenset(base[Ref(p, 0)] for p in graph.placeholders())
+        outs = frozenset(base[r] for r in graph.outputs)
+        return StorageMap(base, nbytes, readers, resident, outs)
+
+    def storage_of(self, ref: Ref) -> Ref:
+        return self.base[ref]
+
+    def allocations(self, nid: int, graph: Graph) -> list[Ref]:
+        """Storages that running `nid` allocates."""
+        return [Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes]
+
+
+def _aliased_input(graph: Graph, node: Node) -> Ref | None:
+    """The input whose storage the node's outputs share, or None when they allocate."""
+    if node.writes_into is not None:
+        return node.writes_into
+    if node.is_placeholder or not graph.info(node.id).is_view:
+        return None
+    first = next(refs_in(node.args), None)
+    return first

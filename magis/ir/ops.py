@@ -1,0 +1,281 @@
+"""The op registry: one entry per ATen op, with what the cost model and the memory model need.
+
+An entry gives the op's flags (view, random, compute-bound, hidden in-place writes) and its cost
+terms (FLOPs and bytes moved). An op without an entry is *opaque* (DESIGN principle 5): it gets
+generic costs — one FLOP per output element, every input and output read or written once — and is
+still scheduled, simulated and executed. Dimension rules for fission join these entries later
+(MAGIS §4.1).
+
+Cost functions receive the op's positional arguments with every tensor argument replaced by its
+`TensorMeta`, its keyword arguments, and its output metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from magis.ir.tensor import TensorMeta
+
+FlopsFn = Callable[[tuple, dict, tuple[TensorMeta, ...]], float]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What magis knows of one ATen op (by overload name, e.g. ``aten.mm.default``)."""
+
+    name: str
+    flops: FlopsFn | None = None
+    is_view: bool = False  # every output aliases the storage of argument 0, costs no time
+    is_random: bool = False  # draws from the RNG: never recomputed without replaying it
+    compute_bound: bool = False  # matmul / convolution class: the roofline's FLOP side dominates
+    mutates: tuple[int, ...] = ()  # argument positions written in place (schema may not say so)
+    opaque: bool = False  # no entry: generic costs
+    extra: dict = field(default_factory=dict)
+
+
+def tensor_metas(args: tuple) -> list[TensorMeta]:
+    """Every TensorMeta in an argument tuple, lists flattened, in order."""
+    found: list[TensorMeta] = []
+    for a in args:
+        if isinstance(a, TensorMeta):
+            found.append(a)
+        elif isinstance(a, list | tuple):
+            found.extend(tensor_metas(tuple(a)))
+    return found
+
+
+def bytes_moved(info: OpInfo, args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    """Bytes read and written: every tensor input once, every output once; views move nothing."""
+    if info.is_view:
+        return 0.0
+    read = sum(m.nbytes for m in tensor_metas(args) + tensor_metas(tuple(kwargs.values())))
+    return float(read + sum(o.nbytes for o in outs))
+
+
+def flops_of(info: OpInfo, args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    if info.is_view:
+        return 0.0
+    if info.flops is not None:
+        return float(info.flops(args, kwargs, outs))
+    return float(sum(o.numel for o in outs))
+
+
+# --- FLOP formulas -----------------------------------------------------------------------------
+
+
+def _mm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    a, b = args[0], args[1]
+    return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def _addmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    a, b = args[1], args[2]
+    return 2.0 * a.shape[0] * a.shape[1] * b.shape[1] + outs[0].numel
+
+
+def _bmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    a, b = args[0], args[1]
+    return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+def _baddbmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    return _bmm(args[1:], kwargs, outs) + outs[0].numel
+
+
+def _conv_macs(x: TensorMeta, w: TensorMeta, out: TensorMeta, groups: int) -> float:
+    # out: (N, Cout, *spatial); w: (Cout, Cin/groups, *kernel)
+    return float(out.numel) * math.prod(w.shape[1:])
+
+
+def _convolution(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    x, w = args[0], args[1]
+    groups = args[8] if len(args) > 8 else 1
+    return 2.0 * _conv_macs(x, w, outs[0], groups)
+
+
+def _convolution_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    # args: grad_out, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    # output_padding, groups, output_mask. Each of grad_input and grad_weight costs one
+    # forward convolution's worth of MACs.
+    grad_out, x, w = args[0], args[1], args[2]
+    mask = args[10] if len(args) > 10 else [True, True, True]
+    fwd = 2.0 * _conv_macs(x, w, grad_out, args[9] if len(args) > 9 else 1)
+    return fwd * (int(bool(mask[0])) + int(bool(mask[1]))) + grad_out.numel * int(bool(mask[2]))
+
+
+def _reduction(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    ins = tensor_metas(args)
+    return float(ins[0].numel) if ins else 0.0
+
+
+def _per_input_element(k: float) -> FlopsFn:
+    def flops(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+        ins = tensor_metas(args)
+        return k * (ins[0].numel if ins else sum(o.numel for o in outs))
+
+    return flops
+
+
+def _per_output_element(k: float) -> FlopsFn:
+    def flops(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+        return k * sum(o.numel for o in outs)
+
+    return flops
+
+
+def _zero(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    return 0.0
+
+
+# --- The table ---------------------------------------------------------------------------------
+
+VIEW_OPS = (
+    "view",
+    "_unsafe_view",
+    "_reshape_alias",
+    "reshape",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "alias",
+    "detach",
+    "as_strided",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "chunk",
+    "diagonal",
+    "narrow",
+    "unfold",
+    "view_as_real",
+    "view_as_complex",
+    "lift_fresh",
+    "_reshape_copy_alias",
+)
+RANDOM_OPS = ("bernoulli", "native_dropout", "rand", "randn", "rand_like", "randn_like", "randint",
+              "normal", "uniform", "multinomial", "randperm", "dropout")
+COMPUTE_BOUND = {
+    "mm": _mm,
+    "addmm": _addmm,
+    "bmm": _bmm,
+    "baddbmm": _baddbmm,
+    "convolution": _convolution,
+    "convolution_backward": _convolution_backward,
+}
+# Ops whose cost is a few passes over the input rather than one FLOP per output element.
+WEIGHTED = {
+    "native_layer_norm": _per_input_element(8),
+    "native_layer_norm_backward": _per_input_element(12),
+    "native_batch_norm": _per_input_element(8),
+    "_native_batch_norm_legit_functional": _per_input_element(8),
+    "native_batch_norm_backward": _per_input_element(12),
+    "_softmax": _per_input_element(5),
+    "_log_softmax": _per_input_element(5),
+    "_softmax_backward_data": _per_input_element(4),
+    "_log_softmax_backward_data": _per_input_element(4),
+    "gelu": _per_input_element(8),
+    "gelu_backward": _per_input_element(12),
+    "silu": _per_input_element(4),
+    "silu_backward": _per_input_element(6),
+    "tanh": _per_input_element(4),
+    "sum": _reduction,
+    "mean": _reduction,
+    "amax": _reduction,
+    "max": _reduction,
+    "var_mean": _per_input_element(3),
+    "nll_loss_forward": _per_output_element(1),
+    "nll_loss_backward": _per_output_element(1),
+    "embedding": _zero,
+    "embedding_dense_backward": _per_input_element(1),
+    "max_pool2d_with_indices": _per_output_element(9),
+    "max_pool2d_with_indices_backward": _per_input_element(2),
+    "empty": _zero,
+    "empty_like": _zero,
+    "empty_strided": _zero,
+    "zeros": _per_output_element(1),
+    "zeros_like": _per_output_element(1),
+    "ones_like": _per_output_element(1),
+    "full": _per_output_element(1),
+    "arange": _per_output_element(1),
+    "copy_": _per_output_element(1),
+}
+# Ops whose schema does not mark an argument as written, although the CPU and CUDA kernels do:
+# native_batch_norm in training updates running_mean and running_var (arguments 3 and 4).
+HIDDEN_MUTATIONS = {"native_batch_norm": (3, 4)}
+
+
+def _base_name(op: str) -> str:
+    """'aten.mm.default' -> 'mm'; 'aten.add_.Tensor' -> 'add_'."""
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 2 else op
+
+
+@dataclass(frozen=True)
+class OpRegistry:
+    """Entries by overload name; `lookup` never fails (unknown ops are opaque)."""
+
+    entries: dict[str, OpInfo]
+
+    def lookup(self, op: str) -> OpInfo:
+        info = self.entries.get(op)
+        if info is not None:
+            return info
+        return self.entries.get(_base_name(op)) or OpInfo(name=op, opaque=True)
+
+    def known(self, op: str) -> bool:
+        return not self.lookup(op).opaque
+
+
+def build_default_registry() -> OpRegistry:
+    entries: dict[str, OpInfo] = {}
+    for name in VIEW_OPS:
+        entries[name] = OpInfo(name, is_view=True)
+    for name in RANDOM_OPS:
+        entries[name] = OpInfo(name, is_random=True)
+    for name, fn in COMPUTE_BOUND.items():
+        entries[name] = OpInfo(name, flops=fn, compute_bound=True)
+    for name, fn in WEIGHTED.items():
+        entries[name] = OpInfo(name, flops=fn, mutates=HIDDEN_MUTATIONS.get(name, ()))
+    for name in POINTWISE:
+        entries.setdefault(name, OpInfo(name, flops=_per_output_element(1)))
+    return OpRegistry(entries)
+
+
+POINTWISE = (
+    "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow", "relu", "sigmoid",
+    "threshold_backward", "where", "clone", "_to_copy", "masked_fill", "fill", "abs", "sign",
+    "maximum", "minimum", "clamp", "erf", "sigmoid_backward", "tanh_backward", "reciprocal",
+    "lt", "gt", "le", "ge", "eq", "ne", "logical_not", "bitwise_not", "cat", "stack",
+    "upsample_bilinear2d", "upsample_bilinear2d_backward", "upsample_nearest2d",
+    "upsample_nearest2d_backward", "index", "index_put", "gather", "scatter", "scatter_add",
+    "constant_pad_nd", "triu", "tril", "addcmul", "addcdiv", "lerp", "cumsum", "round",
+    "floor", "ceil", "sin", "cos", "square", "native_dropout_backward", "hardtanh",
+    "hardtanh_backward", "leaky_relu", "leaky_relu_backward", "slice_backward",
+    "select_backward", "new_zeros", "new_ones", "new_empty", "new_full", "scalar_tensor",
+    "mse_loss", "mse_loss_backward", "avg_pool2d", "avg_pool2d_backward",
+    "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "expand_copy", "repeat",
+)
+
+DEFAULT_REGISTRY = build_default_registry()
+
+
+def resolve_overload(op: str):
+    """torch.ops.aten.mm.default for 'aten.mm.default'; a clear error for anything else."""
+    import torch
+
+    from magis.errors import UnsupportedOpError
+
+    parts = op.split(".")
+    if len(parts) != 3:
+        raise UnsupportedOpError(f"cannot run op {op!r}: not an ATen overload name (ns.op.overload)")
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError) as exc:
+        raise UnsupportedOpError(f"cannot run op {op!r}: this PyTorch has no such operator") from exc
