@@ -31,3 +31,14 @@ class VerificationError(MagisError):
 
 class PlanError(MagisError):
     """A plan file that cannot be read or does not match its graph."""
+
+
+class UnknownHardwareError(MagisError, KeyError):
+    """A hardware preset name the cost model does not know."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MagisWarning(UserWarning):
+    """Something degraded but the work goes on (a rebuilt cache, an opaque op)."""
