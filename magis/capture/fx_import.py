@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
 from magis.ir.graph import refs_in
+from magis.ir.ops import out_overload
 
 _EMPTY = TensorMeta((0,), "float32", 4)  # an output the op did not produce (None)
 
@@ -127,8 +128,7 @@ def _can_write_out(src: fx.Node, dst: fx.Node) -> bool:
         return False
     if target._schema.is_mutable or any(a.alias_info for a in target._schema.returns):
         return False
-    packet = getattr(torch.ops.aten, target._schema.name.split("::")[-1], None)
-    return packet is not None and "out" in packet.overloads()
+    return out_overload(op_name(target)) is not None
 
 
 _SIDE_EFFECT_FREE_DEAD = {"empty", "empty_like", "detach", "alias", "t", "view", "clone",

@@ -214,7 +214,8 @@ def _step_fn(model, param_names, buffer_names, n_inputs, loss_fn, spec: Optimize
     n_s = n_p * spec.state_per_param()
 
     def step(*flat):
-        params = list(flat[:n_p])
+        # Leaves that need gradients, whether the caller's copies asked for them or not.
+        params = [p if p.requires_grad else p.requires_grad_() for p in flat[:n_p]]
         buffers = flat[n_p : n_p + n_b]
         state = list(flat[n_p + n_b : n_p + n_b + n_s])
         inputs = flat[n_p + n_b + n_s :]

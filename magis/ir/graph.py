@@ -215,7 +215,7 @@ class Graph:
 
     def users(self, nid: int) -> list[int]:
         """Nodes that consume an output of `nid` (data edges), in id order."""
-        return self._cached("users", self._compute_users).get(nid, [])
+        return self.derived("users", self._compute_users).get(nid, [])
 
     def control_deps(self, nid: int) -> frozenset[int]:
         return frozenset(self._control.get(nid, ()))
@@ -240,7 +240,7 @@ class Graph:
 
     def topological_order(self) -> list[int]:
         """A topological order, ties broken by program order (deterministic)."""
-        return self._cached("topo", self._compute_topo)
+        return self.derived("topo", self._compute_topo)
 
     def meta_args(self, nid: int) -> tuple[tuple, dict[str, Any]]:
         """The node's args and kwargs with every Ref replaced by its TensorMeta (cost terms)."""
@@ -251,7 +251,8 @@ class Graph:
 
     # --- derived facts --------------------------------------------------------------------
 
-    def _cached(self, key: str, compute):
+    def derived(self, key: str, compute):
+        """A fact computed from this version of the graph, kept until the graph changes."""
         if key not in self._derived:
             self._derived[key] = compute()
         return self._derived[key]
@@ -270,7 +271,7 @@ class Graph:
 
     def storages(self) -> StorageMap:
         """Storage and alias bookkeeping for the current version (see `StorageMap`)."""
-        return self._cached("storages", lambda: StorageMap.build(self))
+        return self.derived("storages", lambda: StorageMap.build(self))
 
     # --- checks ---------------------------------------------------------------------------
 

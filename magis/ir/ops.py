@@ -279,3 +279,23 @@ def resolve_overload(op: str):
         return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
     except (AttributeError, RuntimeError) as exc:
         raise UnsupportedOpError(f"cannot run op {op!r}: this PyTorch has no such operator") from exc
+
+
+def out_overload(op: str):
+    """The `out=` overload matching a functional overload ('aten.sub.Tensor' -> sub.out), or None.
+
+    In-place updates run through it, writing straight into the parameter's storage. The match
+    requires the same argument names, so a wrong overload is never picked.
+    """
+    base = resolve_overload(op)
+    packet = base.overloadpacket
+    overload = op.split(".")[2]
+    names = [a.name for a in base._schema.arguments]
+    for candidate in (f"{overload}_out", "out"):
+        if candidate not in packet.overloads():
+            continue
+        out = getattr(packet, candidate)
+        out_args = [a.name for a in out._schema.arguments if not a.is_out]
+        if out_args == names:
+            return out
+    return None

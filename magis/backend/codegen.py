@@ -1,0 +1,160 @@
+"""Readable Python source for a graph and a schedule, calling torch.ops.aten (MAGIS §7.1).
+
+The generated function takes the placeholders in graph order and returns the graph's outputs.
+It mirrors the memory model: every value is dropped (`x = None`) right after its last reader in
+the schedule, so a storage dies when its last alias does — exactly when the simulator frees it.
+In-place updates call the op's `out=` overload with the placeholder as `out`.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from magis.errors import UnsupportedOpError
+from magis.ir import Graph, Ref
+from magis.ir.graph import refs_in
+from magis.ir.ops import out_overload, resolve_overload
+
+
+@dataclass(frozen=True)
+class Program:
+    """Generated source and the function compiled from it."""
+
+    source: str
+    fn: Callable[..., tuple]
+    input_names: tuple[str, ...]
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple:
+        return self.fn(*inputs)
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    ident = re.sub(r"\W", "_", name)
+    if not ident or ident[0].isdigit() or keyword.iskeyword(ident):
+        ident = f"v_{ident}"
+    base, k = ident, 1
+    while ident in taken:
+        ident = f"{base}_{k}"
+        k += 1
+    taken.add(ident)
+    return ident
+
+
+class _Names:
+    """A Python identifier for every value (Ref) of the graph."""
+
+    def __init__(self, graph: Graph, order: list[int]) -> None:
+        taken = {"torch", "aten", "device", "program", "None"}
+        self._names: dict[Ref, str] = {}
+        for nid in order:
+            node = graph.node(nid)
+            base = _identifier(node.name, taken)
+            if len(node.outputs) == 1:
+                self._names[Ref(nid)] = base
+            else:
+                for i in range(len(node.outputs)):
+                    self._names[Ref(nid, i)] = _identifier(f"{base}_{i}", taken)
+
+    def __getitem__(self, ref: Ref) -> str:
+        return self._names[ref]
+
+
+def _literal(value, names: _Names) -> str:
+    if isinstance(value, Ref):
+        return names[value]
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float('{value}')"
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, torch.device):
+        return "device"  # the device the program runs on, whatever the capture saw
+    if isinstance(value, torch.layout | torch.memory_format):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v, names) for v in value) + "]"
+    if isinstance(value, tuple):
+        inner = ", ".join(_literal(v, names) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    raise UnsupportedOpError(f"cannot generate code for the constant {value!r} ({type(value).__name__})")
+
+
+def _call(graph: Graph, nid: int, names: _Names) -> str:
+    node = graph.node(nid)
+    args = [_literal(a, names) for a in node.args]
+    kwargs = [f"{k}={_literal(v, names)}" for k, v in node.kwargs]
+    target = node.op
+    if node.writes_into is not None:
+        out = out_overload(node.op)
+        if out is None:
+            raise UnsupportedOpError(f"{node.op} has no out= overload to write {node.name} in place")
+        target = f"aten.{out.overloadpacket.__name__}.{out._overloadname}"
+        kwargs.append(f"out={names[node.writes_into]}")
+    else:
+        resolve_overload(node.op)  # fail here, naming the op, rather than at run time
+    if target.startswith("aten."):
+        call = target
+    else:
+        call = f"torch.ops.{target}"
+    return f"{call}({', '.join(args + kwargs)})"
+
+
+def _last_uses(graph: Graph, order: list[int]) -> dict[int, list[Ref]]:
+    """For each step, the values whose last reader it is (or that nobody reads: their producer)."""
+    last: dict[Ref, int] = {}
+    for nid in order:
+        node = graph.node(nid)
+        if node.is_placeholder:
+            continue
+        for i in range(len(node.outputs)):
+            last[Ref(nid, i)] = nid
+        for ref in node.inputs:
+            if not graph.node(ref.node).is_placeholder:
+                last[ref] = nid
+    for ref in graph.outputs:
+        last.pop(ref, None)
+    dropped: dict[int, list[Ref]] = {}
+    for ref, nid in last.items():
+        dropped.setdefault(nid, []).append(ref)
+    return dropped
+
+
+def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
+    """Python source of `fn_name(*placeholders)` running `graph` in `order`."""
+    names = _Names(graph, order)
+    placeholders = graph.placeholders()
+    lines = [f"def {fn_name}({', '.join(names[Ref(p)] for p in placeholders)}):"]
+    dropped = _last_uses(graph, order)
+    for nid in order:
+        node = graph.node(nid)
+        if node.is_placeholder:
+            continue
+        outs = [names[Ref(nid, i)] for i in range(len(node.outputs))]
+        target = outs[0] if len(outs) == 1 else ", ".join(outs)
+        line = f"    {target} = {_call(graph, nid, names)}"
+        if dropped.get(nid):
+            line += ";  " + " = ".join(sorted(names[r] for r in dropped[nid])) + " = None"
+        lines.append(line)
+    results = [names[r] for r in graph.outputs]
+    lines.append(f"    return ({', '.join(results)}{',' if len(results) == 1 else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def compile_program(graph: Graph, order: list[int], device: torch.device | str = "cpu") -> Program:
+    """Generate and compile the program for `graph` in `order`, its constants on `device`."""
+    source = generate(graph, order)
+    scope = {"torch": torch, "aten": torch.ops.aten, "device": torch.device(device)}
+    exec(compile(source, "<magis-program>", "exec"), scope)  # noqa: S102 - our own generated code
+    names = _Names(graph, order)
+    return Program(source, scope["program"], tuple(names[Ref(p)] for p in graph.placeholders()))
+
+
+def inputs_read(graph: Graph, nid: int) -> list[Ref]:
+    return list(refs_in(graph.node(nid).args))

@@ -1,0 +1,244 @@
+"""Schedule -> latency, memory timeline, peak, hot-spots (MAGIS §2.1, §6.2).
+
+Memory follows MAGIS §2.1 on storages rather than tensors: a storage is allocated when the node
+producing it starts and freed when the last reader of any of its aliases finishes; at step i the
+active memory M_i sums every storage live at i (the inputs and outputs of the node running
+included) plus the resident placeholders. The peak is max_i M_i and the memory hot-spots are the
+storages live at a step where the peak is reached.
+
+Latency: nodes run in schedule order on two streams, compute and copy (Store/Load, §6.2); a node
+starts when its stream is free and its inputs are ready. Without copy nodes that is the sum of
+the operator times, as in MAGIS's cost(G).
+
+Everything that depends only on the graph (storage sizes, readers, categories) is computed once
+per graph version; a simulation of a new order is a few vectorized numpy passes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from magis.cost import CostModel
+from magis.ir import Graph, PlaceholderKind, Ref
+
+COPY_STREAM_OPS = frozenset({"magis.store", "magis.load"})
+
+
+class Category(enum.Enum):
+    """What a storage holds, for the breakdown of the peak."""
+
+    WEIGHTS = "weights"
+    BUFFERS = "buffers"
+    OPT_STATE = "optimizer_state"
+    INPUTS = "inputs"
+    GRADIENTS = "gradients"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+
+
+_PLACEHOLDER_CATEGORY = {
+    PlaceholderKind.WEIGHT: Category.WEIGHTS,
+    PlaceholderKind.BUFFER: Category.BUFFERS,
+    PlaceholderKind.OPT_STATE: Category.OPT_STATE,
+    PlaceholderKind.DATA: Category.INPUTS,
+}
+
+
+@dataclass(frozen=True)
+class Hotspot:
+    storage: Ref
+    name: str  # the node that allocated it
+    op: str
+    nbytes: int
+    shape: tuple[int, ...]
+    category: Category
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One schedule's simulated figures; bytes in bytes, times in seconds."""
+
+    order: tuple[int, ...]
+    peak_bytes: int
+    latency_s: float
+    timeline: np.ndarray  # M_i for every step i of `order`
+    peak_step: int  # first step at which the peak is reached
+    resident_bytes: int
+    hotspots: tuple[Hotspot, ...]  # non-resident storages live at a peak step, largest first
+    breakdown: dict[str, int]  # bytes per Category at `peak_step`
+    compute_s: float
+    copy_s: float
+
+    def top_hotspots(self, k: int = 10) -> tuple[Hotspot, ...]:
+        return self.hotspots[:k]
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Per-graph-version arrays the simulation of any order reuses."""
+
+    storages: tuple[Ref, ...]  # non-resident storages
+    nbytes: np.ndarray
+    producer: np.ndarray  # node id allocating each storage
+    reader_storage: np.ndarray  # (storage index, reader node id) pairs, flattened
+    reader_node: np.ndarray
+    is_output: np.ndarray
+    category: tuple[Category, ...]
+    resident_bytes: int
+    resident_by_category: dict[Category, int]
+    id_bound: int
+
+
+def _tables(graph: Graph) -> _Tables:
+    return graph.derived("sim.tables", lambda: _build_tables(graph))
+
+
+def _build_tables(graph: Graph) -> _Tables:
+    smap = graph.storages()
+    cats = _categories(graph)
+    storages = tuple(s for s in smap.nbytes if s not in smap.resident)
+    index = {s: i for i, s in enumerate(storages)}
+    rs, rn = [], []
+    for s in storages:
+        for reader in smap.readers[s]:
+            rs.append(index[s])
+            rn.append(reader)
+    resident_by: dict[Category, int] = {}
+    for s in smap.resident:
+        cat = _PLACEHOLDER_CATEGORY[graph.node(s.node).placeholder_kind]
+        resident_by[cat] = resident_by.get(cat, 0) + smap.nbytes[s]
+    return _Tables(
+        storages=storages,
+        nbytes=np.array([smap.nbytes[s] for s in storages], dtype=np.int64),
+        producer=np.array([s.node for s in storages], dtype=np.int64),
+        reader_storage=np.array(rs, dtype=np.int64),
+        reader_node=np.array(rn, dtype=np.int64),
+        is_output=np.array([s in smap.outputs for s in storages], dtype=bool),
+        category=tuple(cats.get(s, Category.TEMPORARIES) for s in storages),
+        resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
+        resident_by_category=resident_by,
+        id_bound=max(graph.nodes, default=-1) + 1,
+    )
+
+
+def _categories(graph: Graph) -> dict[Ref, Category]:
+    """Activations: storages made by the forward pass (ancestors of the loss, the first output).
+    Gradients: backward storages of a weight's shape that a weight update reads, or that are
+    outputs (a step without optimizer). Everything else produced is a temporary."""
+    smap = graph.storages()
+    forward: set[int] = set()
+    if graph.outputs:
+        import rustworkx as rx
+
+        loss = graph.outputs[0].node
+        forward = {graph.dag[i] for i in rx.ancestors(graph.dag, graph.rx_index(loss))} | {loss}
+    weight_shapes = {graph.node(p).outputs[0].shape for p in graph.placeholders(PlaceholderKind.WEIGHT)}
+    grads: set[Ref] = {smap.storage_of(r) for r in graph.outputs[1:]}
+    for nid in graph.ops():
+        node = graph.node(nid)
+        if node.writes_into is None:
+            continue
+        for r in node.inputs:
+            s = smap.storage_of(r)
+            if s not in smap.resident and graph.meta(s).shape in weight_shapes:
+                grads.add(s)
+    cats: dict[Ref, Category] = {}
+    for s in smap.nbytes:
+        if s in smap.resident:
+            continue
+        if s in grads:
+            cats[s] = Category.GRADIENTS
+        elif s.node in forward:
+            cats[s] = Category.ACTIVATIONS
+        else:
+            cats[s] = Category.TEMPORARIES
+    return cats
+
+
+def memory_timeline(graph: Graph, order: list[int] | tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(M_i for each step, allocation step, free step) of every non-resident storage."""
+    t = _tables(graph)
+    n = len(order)
+    pos = np.full(t.id_bound, -1, dtype=np.int64)
+    pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
+    alloc = pos[t.producer]
+    free = alloc.copy()
+    if len(t.reader_node):
+        np.maximum.at(free, t.reader_storage, pos[t.reader_node])
+    free[t.is_output] = n - 1
+    diff = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(diff, alloc, t.nbytes)
+    np.add.at(diff, free + 1, -t.nbytes)
+    timeline = np.cumsum(diff[:n]) + t.resident_bytes
+    return timeline, alloc, free
+
+
+def simulate(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) -> SimResult:
+    """Simulate running `graph` in `order` under `cost` (see the module docstring)."""
+    t = _tables(graph)
+    timeline, alloc, free = memory_timeline(graph, order)
+    if len(timeline) == 0:
+        timeline = np.array([t.resident_bytes], dtype=np.int64)
+    peak = int(timeline.max())
+    peak_steps = np.flatnonzero(timeline == peak)
+    latency, compute_s, copy_s = _latency(graph, order, cost)
+    hot = _hotspots(graph, t, alloc, free, peak_steps)
+    return SimResult(
+        order=tuple(order),
+        peak_bytes=peak,
+        latency_s=latency,
+        timeline=timeline,
+        peak_step=int(peak_steps[0]),
+        resident_bytes=t.resident_bytes,
+        hotspots=hot,
+        breakdown=_breakdown(t, alloc, free, int(peak_steps[0])),
+        compute_s=compute_s,
+        copy_s=copy_s,
+    )
+
+
+def _hotspots(graph: Graph, t: _Tables, alloc, free, peak_steps: np.ndarray) -> tuple[Hotspot, ...]:
+    idx = np.searchsorted(peak_steps, alloc)
+    within = idx < len(peak_steps)
+    live = np.zeros(len(alloc), dtype=bool)
+    live[within] = peak_steps[idx[within]] <= free[within]
+    chosen = np.flatnonzero(live)
+    chosen = chosen[np.argsort(-t.nbytes[chosen], kind="stable")]
+    spots = []
+    for i in chosen:
+        s = t.storages[i]
+        node = graph.node(s.node)
+        spots.append(Hotspot(s, node.name, node.op, int(t.nbytes[i]), graph.meta(s).shape, t.category[i]))
+    return tuple(spots)
+
+
+def _breakdown(t: _Tables, alloc, free, step: int) -> dict[str, int]:
+    out = {c.value: t.resident_by_category.get(c, 0) for c in Category}
+    live = np.flatnonzero((alloc <= step) & (step <= free))
+    for i in live:
+        out[t.category[i].value] += int(t.nbytes[i])
+    return out
+
+
+def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]:
+    """(makespan, busy compute seconds, busy copy seconds) over the two streams."""
+    times = {nid: cost.op_time(graph, nid) for nid in order}
+    copies = [nid for nid in order if graph.node(nid).op in COPY_STREAM_OPS]
+    compute_s = sum(times.values()) - sum(times[n] for n in copies)
+    if not copies:
+        return compute_s, compute_s, 0.0
+    finish: dict[int, float] = {}
+    stream_free = {"compute": 0.0, "copy": 0.0}
+    for nid in order:
+        stream = "copy" if graph.node(nid).op in COPY_STREAM_OPS else "compute"
+        ready = max((finish[p] for p in graph.predecessors(nid)), default=0.0)
+        start = max(ready, stream_free[stream])
+        finish[nid] = stream_free[stream] = start + times[nid]
+    copy_s = sum(times[n] for n in copies)
+    return max(finish.values(), default=0.0), compute_s, copy_s
