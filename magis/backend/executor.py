@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from magis.backend.codegen import Program
 from magis.backend.memory import LiveBytesTracker
+from magis.capture import Step
 
 
 @dataclass(frozen=True)
@@ -51,22 +52,20 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def verify(
-    reference: Callable[..., tuple],
+    step: Step,
     program: Program,
     inputs: Sequence[torch.Tensor],
-    names: Sequence[str],
-    output_names: Sequence[str],
     tolerance: float = 1e-9,
     seed: int = 0,
 ) -> Verification:
-    """Run `reference` (eager) and `program` on copies of `inputs` and compare everything."""
+    """Run the step eagerly and `program` on copies of `inputs` and compare everything."""
     ref_in, run_in = clone_all(inputs), clone_all(inputs)
     torch.manual_seed(seed)
-    ref_out = reference(*ref_in)
+    ref_out = step.fn(*ref_in)
     torch.manual_seed(seed)
-    run_out = program(*run_in)
-    pairs = list(zip(output_names, run_out, ref_out, strict=True))
-    pairs += list(zip(names, run_in, ref_in, strict=True))
+    run_out = program(*step.program_inputs(run_in))
+    pairs = list(zip(step.output_names, run_out, ref_out, strict=True))
+    pairs += list(zip(step.input_names, run_in, ref_in, strict=True))
     worst, worst_err = "", 0.0
     for name, actual, expected in pairs:
         err = relative_error(actual, expected)

@@ -49,20 +49,27 @@ def import_fx(
     placeholder_kinds: Sequence[PlaceholderKind],
     placeholder_names: Sequence[str] | None = None,
 ) -> Graph:
-    """Build a Graph from `gm` (ATen ops only; placeholders in the given kinds, in order)."""
+    """Build a Graph from `gm` (ATen ops only; placeholders in the given kinds, in order).
+
+    Tensor constants of `gm` (get_attr) become CONSTANT placeholders after the inputs; their
+    values are `constant_values(gm)`.
+    """
     fx_graph = gm.graph
     _drop_dead(fx_graph)
     epilogue = _mutation_epilogue(fx_graph)
     graph = Graph()
     env: dict[fx.Node, Ref] = {}
-    ph_index = 0
+    inputs = [n for n in fx_graph.nodes if n.op == "placeholder"]
+    constants = [n for n in fx_graph.nodes if n.op == "get_attr"]
+    for i, n in enumerate(inputs):
+        name = placeholder_names[i] if placeholder_names else n.name
+        env[n] = Ref(graph.add_placeholder(name, TensorMeta.of(n.meta["val"]), placeholder_kinds[i]))
+    for n in constants:  # after the inputs: a program takes them as trailing arguments
+        meta = TensorMeta.of(getattr(gm, n.target))
+        env[n] = Ref(graph.add_placeholder(n.target, meta, PlaceholderKind.CONSTANT))
     for n in fx_graph.nodes:
-        if n.op == "placeholder":
-            name = placeholder_names[ph_index] if placeholder_names else n.name
-            nid = graph.add_placeholder(name, TensorMeta.of(n.meta["val"]),
-                                        placeholder_kinds[ph_index])
-            env[n] = Ref(nid)
-            ph_index += 1
+        if n.op in ("placeholder", "get_attr"):
+            continue
         elif n.op == "call_function" and n.target is operator.getitem:
             src = env[n.args[0]]
             env[n] = Ref(src.node, n.args[1])
@@ -178,3 +185,8 @@ def order_writes_after_readers(graph: Graph) -> None:
                             for r in graph.node(reader).inputs)
             if reads_old:
                 graph.add_control_dep(reader, writer)
+
+
+def constant_values(gm: fx.GraphModule) -> list:
+    """The tensor constants of `gm`, in the order `import_fx` made their placeholders."""
+    return [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]

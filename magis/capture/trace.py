@@ -13,11 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call, functionalize
 
-from magis.capture.fx_import import import_fx
+from magis.capture.fx_import import constant_values, import_fx
 from magis.errors import CaptureError, MagisError
 from magis.ir import Graph, PlaceholderKind
 
@@ -38,6 +39,13 @@ class Step:
     input_kinds: list[PlaceholderKind]
     output_names: list[str]
     example_inputs: tuple = field(default=(), repr=False)  # fake or real, as given
+    constants: tuple = field(default=(), repr=False)  # values of the CONSTANT placeholders
+
+    def program_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """What a generated program takes: the step's inputs, then its tensor constants."""
+        return [*inputs, *(_real_like(self.graph.node(p).outputs[0], c, None, torch.Generator())
+                           for p, c in zip(self.graph.placeholders(PlaceholderKind.CONSTANT),
+                                           self.constants, strict=True))]
 
     def make_inputs(self, dtype: torch.dtype | None = None, seed: int = 0) -> list[torch.Tensor]:
         """Real tensors with the shapes of the graph's placeholders (random, seeded).
@@ -47,7 +55,7 @@ class Step:
         """
         gen = torch.Generator().manual_seed(seed)
         tensors = []
-        for i, nid in enumerate(self.graph.placeholders()):
+        for i, nid in enumerate(self.graph.placeholders()[: len(self.input_names)]):
             meta = self.graph.node(nid).outputs[0]
             example = self.example_inputs[i] if i < len(self.example_inputs) else None
             tensors.append(_real_like(meta, example, dtype, gen))
@@ -96,8 +104,10 @@ def _trace_functional(fn: Callable, fake_args: Sequence[torch.Tensor]) -> torch.
         raise CaptureError(f"tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
 
 
-def _fake_mode() -> FakeTensorMode:
-    return FakeTensorMode(allow_non_fake_inputs=True)
+def _fake_mode(tensors: Sequence = ()) -> FakeTensorMode:
+    """The fake mode `tensors` already live in (a model built under one), else a new one."""
+    existing = detect_fake_mode([t for t in tensors if isinstance(t, torch.Tensor)])
+    return existing if existing is not None else FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _to_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
@@ -110,7 +120,7 @@ def capture(fn: Callable, *example_args: torch.Tensor) -> Step:
     Every argument becomes a DATA placeholder; an argument `fn` mutates in place is written in
     place by the graph too.
     """
-    mode = _fake_mode()
+    mode = _fake_mode(example_args)
     with mode:
         fake = [_to_fake(mode, a) for a in example_args]
         gm = _trace_functional(_as_tuple_fn(fn), fake)
@@ -118,7 +128,8 @@ def capture(fn: Callable, *example_args: torch.Tensor) -> Step:
     names = [f"arg{i}" for i in range(len(example_args))]
     graph = import_fx(gm, kinds, names)
     outs = [f"out{i}" for i in range(len(graph.outputs))]
-    return Step(graph, _as_tuple_fn(fn), names, kinds, outs, tuple(example_args))
+    return Step(graph, _as_tuple_fn(fn), names, kinds, outs, tuple(example_args),
+                tuple(constant_values(gm)))
 
 
 def _as_tuple_fn(fn: Callable) -> Callable[..., tuple]:
@@ -185,7 +196,7 @@ def training_step(
     param_names = [n for n, p in model.named_parameters() if p.requires_grad]
     buffer_names = [n for n, _ in model.named_buffers()]
     fn = _step_fn(model, param_names, buffer_names, len(inputs), loss_fn, spec)
-    mode = _fake_mode()
+    mode = _fake_mode([*model.parameters(), *model.buffers(), *inputs])
     with mode:
         params = [_to_fake(mode, p.detach()).requires_grad_() for p in _named(model.named_parameters(), param_names)]
         buffers = [_to_fake(mode, b) for b in _named(model.named_buffers(), buffer_names)]
@@ -201,7 +212,7 @@ def training_step(
     outs = ["loss"] + ([f"grad.{n}" for n in param_names] if optimizer is None else [])
     examples = (*_named(model.named_parameters(), param_names),
                 *_named(model.named_buffers(), buffer_names), *([None] * len(state)), *inputs)
-    return Step(graph, fn, names, kinds, outs, examples)
+    return Step(graph, fn, names, kinds, outs, examples, tuple(constant_values(gm)))
 
 
 def _named(items, names: list[str]) -> list[torch.Tensor]:

@@ -42,6 +42,7 @@ class PlaceholderKind(enum.Enum):
     BUFFER = "buffer"
     OPT_STATE = "optimizer_state"
     DATA = "data"
+    CONSTANT = "constant"  # a tensor the traced code created from Python data (a get_attr)
 
 
 @dataclass(frozen=True, slots=True)

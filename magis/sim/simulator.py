@@ -47,6 +47,7 @@ _PLACEHOLDER_CATEGORY = {
     PlaceholderKind.BUFFER: Category.BUFFERS,
     PlaceholderKind.OPT_STATE: Category.OPT_STATE,
     PlaceholderKind.DATA: Category.INPUTS,
+    PlaceholderKind.CONSTANT: Category.INPUTS,
 }
 
 

@@ -1,0 +1,46 @@
+"""Training steps of the workload zoo, captured: the entry point of `magis analyze` and `run`."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from magis.capture.trace import Step, training_step
+from magis.capture.workloads import Workload, get_workload
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def workload_step(
+    name: str,
+    batch: int | None = None,
+    dtype: torch.dtype | None = None,
+    optimizer: str | None = "sgd",
+    real: bool | None = None,
+    seed: int = 0,
+) -> tuple[Workload, Step]:
+    """Build workload `name` and capture its training step (forward, backward, update).
+
+    Paper-size workloads are built under a FakeTensorMode (nothing allocated); `tiny` and `small`
+    ones with real tensors, so the step can be executed and verified. `dtype` overrides the
+    workload's floating-point dtype for floating workloads (tests verify in float64).
+    """
+    wl = get_workload(name, batch)
+    real = wl.size != "paper" if real is None else real
+    dtype = dtype if dtype is not None else wl.dtype
+    mode = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
+    with default_dtype(dtype), mode:
+        torch.manual_seed(seed)
+        model = wl.build_model()
+        inputs = wl.make_inputs(wl.batch)
+    return wl, training_step(model, inputs, loss_fn=wl.loss_fn, optimizer=optimizer)
