@@ -83,7 +83,9 @@ def _literal(value, names: _Names) -> str:
     if isinstance(value, tuple):
         inner = ", ".join(_literal(v, names) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
-    raise UnsupportedOpError(f"cannot generate code for the constant {value!r} ({type(value).__name__})")
+    raise UnsupportedOpError(
+        f"cannot generate code for the constant {value!r} ({type(value).__name__})"
+    )
 
 
 def _call(graph: Graph, nid: int, names: _Names) -> str:
@@ -94,15 +96,14 @@ def _call(graph: Graph, nid: int, names: _Names) -> str:
     if node.writes_into is not None:
         out = out_overload(node.op)
         if out is None:
-            raise UnsupportedOpError(f"{node.op} has no out= overload to write {node.name} in place")
+            raise UnsupportedOpError(
+                f"{node.op} has no out= overload to write {node.name} in place"
+            )
         target = f"aten.{out.overloadpacket.__name__}.{out._overloadname}"
         kwargs.append(f"out={names[node.writes_into]}")
     else:
         resolve_overload(node.op)  # fail here, naming the op, rather than at run time
-    if target.startswith("aten."):
-        call = target
-    else:
-        call = f"torch.ops.{target}"
+    call = target if target.startswith("aten.") else f"torch.ops.{target}"
     return f"{call}({', '.join(args + kwargs)})"
 
 

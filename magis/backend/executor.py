@@ -74,7 +74,9 @@ def verify(
     return Verification(worst_err <= tolerance, worst_err, worst, tolerance)
 
 
-def measure(program: Program, inputs: Sequence[torch.Tensor], repeats: int = 3, seed: int = 0) -> Measurement:
+def measure(
+    program: Program, inputs: Sequence[torch.Tensor], repeats: int = 3, seed: int = 0
+) -> Measurement:
     """Peak live bytes (one tracked run) and median wall time (untracked runs) of `program`."""
     tracked_in = clone_all(inputs)
     tracker = LiveBytesTracker(tracked_in)
@@ -91,8 +93,12 @@ def measure(program: Program, inputs: Sequence[torch.Tensor], repeats: int = 3, 
         program(*run_in)
         _sync(run_in)
         wall.append(time.perf_counter() - start)
-    return Measurement(tracker.peak_bytes, tracker.resident_bytes, statistics.median(wall),
-                       _cuda_peak(program, inputs))
+    return Measurement(
+        tracker.peak_bytes,
+        tracker.resident_bytes,
+        statistics.median(wall),
+        _cuda_peak(program, inputs),
+    )
 
 
 def _sync(tensors: Sequence[torch.Tensor]) -> None:
@@ -110,4 +116,6 @@ def _cuda_peak(program: Program, inputs: Sequence[torch.Tensor]) -> int | None:
     torch.cuda.reset_peak_memory_stats()
     program(*run_in)
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base + sum(t.untyped_storage().nbytes() for t in run_in)
+    return (
+        torch.cuda.max_memory_allocated() - base + sum(t.untyped_storage().nbytes() for t in run_in)
+    )

@@ -63,7 +63,9 @@ def import_fx(
     constants = [n for n in fx_graph.nodes if n.op == "get_attr"]
     for i, n in enumerate(inputs):
         name = placeholder_names[i] if placeholder_names else n.name
-        env[n] = Ref(graph.add_placeholder(name, TensorMeta.of(n.meta["val"]), placeholder_kinds[i]))
+        env[n] = Ref(
+            graph.add_placeholder(name, TensorMeta.of(n.meta["val"]), placeholder_kinds[i])
+        )
     for n in constants:  # after the inputs: a program takes them as trailing arguments
         meta = TensorMeta.of(getattr(gm, n.target))
         env[n] = Ref(graph.add_placeholder(n.target, meta, PlaceholderKind.CONSTANT))
@@ -79,8 +81,14 @@ def import_fx(
             writes = env[epilogue.folded[n]] if n in epilogue.folded else None
             args = _convert_arg(n.args, env)
             kwargs = {k: _convert_arg(v, env) for k, v in n.kwargs.items()}
-            nid = graph.add_op(n.name, op_name(n.target), args, kwargs, _metas(n.meta.get("val")),
-                               writes_into=writes)
+            nid = graph.add_op(
+                n.name,
+                op_name(n.target),
+                args,
+                kwargs,
+                _metas(n.meta.get("val")),
+                writes_into=writes,
+            )
             env[n] = Ref(nid)
         elif n.op == "output":
             outs = [env[a] for a in refs_or_nodes(n.args[0])]
@@ -138,9 +146,24 @@ def _can_write_out(src: fx.Node, dst: fx.Node) -> bool:
     return out_overload(op_name(target)) is not None
 
 
-_SIDE_EFFECT_FREE_DEAD = {"empty", "empty_like", "detach", "alias", "t", "view", "clone",
-                          "zeros", "ones_like", "zeros_like", "empty_strided", "expand",
-                          "_unsafe_view", "transpose", "permute", "lift_fresh_copy"}
+_SIDE_EFFECT_FREE_DEAD = {
+    "empty",
+    "empty_like",
+    "detach",
+    "alias",
+    "t",
+    "view",
+    "clone",
+    "zeros",
+    "ones_like",
+    "zeros_like",
+    "empty_strided",
+    "expand",
+    "_unsafe_view",
+    "transpose",
+    "permute",
+    "lift_fresh_copy",
+}
 
 
 def _drop_dead(g: fx.Graph) -> None:
@@ -181,8 +204,10 @@ def order_writes_after_readers(graph: Graph) -> None:
         for reader in storages.readers[storage]:
             if reader == writer:
                 continue
-            reads_old = any(storages.storage_of(r) == storage and r not in new_values
-                            for r in graph.node(reader).inputs)
+            reads_old = any(
+                storages.storage_of(r) == storage and r not in new_values
+                for r in graph.node(reader).inputs
+            )
             if reads_old:
                 graph.add_control_dep(reader, writer)
 

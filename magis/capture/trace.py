@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call, functionalize
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.fx_import import constant_values, import_fx
 from magis.errors import CaptureError, MagisError
@@ -43,9 +43,15 @@ class Step:
 
     def program_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """What a generated program takes: the step's inputs, then its tensor constants."""
-        return [*inputs, *(_real_like(self.graph.node(p).outputs[0], c, None, torch.Generator())
-                           for p, c in zip(self.graph.placeholders(PlaceholderKind.CONSTANT),
-                                           self.constants, strict=True))]
+        return [
+            *inputs,
+            *(
+                _real_like(self.graph.node(p).outputs[0], c, None, torch.Generator())
+                for p, c in zip(
+                    self.graph.placeholders(PlaceholderKind.CONSTANT), self.constants, strict=True
+                )
+            ),
+        ]
 
     def make_inputs(self, dtype: torch.dtype | None = None, seed: int = 0) -> list[torch.Tensor]:
         """Real tensors with the shapes of the graph's placeholders (random, seeded).
@@ -75,8 +81,12 @@ def _real_like(meta, example, dtype: torch.dtype | None, gen: torch.Generator) -
 
 def _is_data_dependent(exc: BaseException) -> bool:
     names = {type(e).__name__ for e in _chain(exc)}
-    markers = {"DataDependentOutputException", "GuardOnDataDependentSymNode",
-               "DynamicOutputShapeException", "UnsupportedOperatorException"}
+    markers = {
+        "DataDependentOutputException",
+        "GuardOnDataDependentSymNode",
+        "DynamicOutputShapeException",
+        "UnsupportedOperatorException",
+    }
     return bool(names & markers) or "data-dependent" in str(exc).lower()
 
 
@@ -101,7 +111,9 @@ def _trace_functional(fn: Callable, fake_args: Sequence[torch.Tensor]) -> torch.
                 "(.item(), bool(tensor) or data-dependent control flow); make it tensor "
                 "arithmetic or move it out of the step"
             ) from exc
-        raise CaptureError(f"tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        raise CaptureError(
+            f"tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from exc
 
 
 def _fake_mode(tensors: Sequence = ()) -> FakeTensorMode:
@@ -128,8 +140,9 @@ def capture(fn: Callable, *example_args: torch.Tensor) -> Step:
     names = [f"arg{i}" for i in range(len(example_args))]
     graph = import_fx(gm, kinds, names)
     outs = [f"out{i}" for i in range(len(graph.outputs))]
-    return Step(graph, _as_tuple_fn(fn), names, kinds, outs, tuple(example_args),
-                tuple(constant_values(gm)))
+    return Step(
+        graph, _as_tuple_fn(fn), names, kinds, outs, tuple(example_args), tuple(constant_values(gm))
+    )
 
 
 def _as_tuple_fn(fn: Callable) -> Callable[..., tuple]:
@@ -153,8 +166,9 @@ class OptimizerSpec:
     def state_per_param(self) -> int:
         return 2 if self.kind == "adam" else 0
 
-    def update(self, params: list[torch.Tensor], grads: Sequence[torch.Tensor],
-               state: list[torch.Tensor]) -> None:
+    def update(
+        self, params: list[torch.Tensor], grads: Sequence[torch.Tensor], state: list[torch.Tensor]
+    ) -> None:
         """Update `params` (and `state`) in place, as torch.optim would."""
         with torch.no_grad():
             if self.kind == "sgd":
@@ -198,20 +212,38 @@ def training_step(
     fn = _step_fn(model, param_names, buffer_names, len(inputs), loss_fn, spec)
     mode = _fake_mode([*model.parameters(), *model.buffers(), *inputs])
     with mode:
-        params = [_to_fake(mode, p.detach()).requires_grad_() for p in _named(model.named_parameters(), param_names)]
+        params = [
+            _to_fake(mode, p.detach()).requires_grad_()
+            for p in _named(model.named_parameters(), param_names)
+        ]
         buffers = [_to_fake(mode, b) for b in _named(model.named_buffers(), buffer_names)]
         state = [torch.zeros_like(p) for p in params for _ in range(spec.state_per_param())]
         fake_inputs = [_to_fake(mode, x) for x in inputs]
         gm = _trace_functional(fn, [*params, *buffers, *state, *fake_inputs])
-    kinds = ([PlaceholderKind.WEIGHT] * len(params) + [PlaceholderKind.BUFFER] * len(buffers)
-             + [PlaceholderKind.OPT_STATE] * len(state) + [PlaceholderKind.DATA] * len(inputs))
-    names = (param_names + buffer_names
-             + [f"{n}.{s}" for n in param_names for s in ("exp_avg", "exp_avg_sq")[: spec.state_per_param()]]
-             + [f"input{i}" for i in range(len(inputs))])
+    kinds = (
+        [PlaceholderKind.WEIGHT] * len(params)
+        + [PlaceholderKind.BUFFER] * len(buffers)
+        + [PlaceholderKind.OPT_STATE] * len(state)
+        + [PlaceholderKind.DATA] * len(inputs)
+    )
+    names = (
+        param_names
+        + buffer_names
+        + [
+            f"{n}.{s}"
+            for n in param_names
+            for s in ("exp_avg", "exp_avg_sq")[: spec.state_per_param()]
+        ]
+        + [f"input{i}" for i in range(len(inputs))]
+    )
     graph = import_fx(gm, kinds, names)
     outs = ["loss"] + ([f"grad.{n}" for n in param_names] if optimizer is None else [])
-    examples = (*_named(model.named_parameters(), param_names),
-                *_named(model.named_buffers(), buffer_names), *([None] * len(state)), *inputs)
+    examples = (
+        *_named(model.named_parameters(), param_names),
+        *_named(model.named_buffers(), buffer_names),
+        *([None] * len(state)),
+        *inputs,
+    )
     return Step(graph, fn, names, kinds, outs, examples, tuple(constant_values(gm)))
 
 
@@ -230,8 +262,10 @@ def _step_fn(model, param_names, buffer_names, n_inputs, loss_fn, spec: Optimize
         buffers = flat[n_p : n_p + n_b]
         state = list(flat[n_p + n_b : n_p + n_b + n_s])
         inputs = flat[n_p + n_b + n_s :]
-        tensors = {**dict(zip(param_names, params, strict=True)),
-                   **dict(zip(buffer_names, buffers, strict=True))}
+        tensors = {
+            **dict(zip(param_names, params, strict=True)),
+            **dict(zip(buffer_names, buffers, strict=True)),
+        }
         grad_ctx = contextlib.nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
         with grad_ctx:
             if loss_fn is None:

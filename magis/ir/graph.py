@@ -113,8 +113,14 @@ class Graph:
     # --- construction ---------------------------------------------------------------------
 
     def add_placeholder(self, name: str, meta: TensorMeta, kind: PlaceholderKind) -> int:
-        node = Node(self._next_id, name, "placeholder", NodeKind.PLACEHOLDER, outputs=(meta,),
-                    placeholder_kind=kind)
+        node = Node(
+            self._next_id,
+            name,
+            "placeholder",
+            NodeKind.PLACEHOLDER,
+            outputs=(meta,),
+            placeholder_kind=kind,
+        )
         return self._insert(node)
 
     def add_op(
@@ -132,8 +138,17 @@ class Graph:
             self._check_ref(ref)
         if writes_into is not None:
             self._check_ref(writes_into)
-        node = Node(self._next_id, name, op, NodeKind.OP, tuple(args), kw, tuple(outputs),
-                    writes_into=writes_into, inputs=inputs)
+        node = Node(
+            self._next_id,
+            name,
+            op,
+            NodeKind.OP,
+            tuple(args),
+            kw,
+            tuple(outputs),
+            writes_into=writes_into,
+            inputs=inputs,
+        )
         nid = self._insert(node)
         for ref in inputs:
             self._dag.add_edge(self._index[ref.node], self._index[nid], "data")
@@ -229,8 +244,11 @@ class Graph:
         return [self._dag[i] for i in self._dag.successor_indices(self._index[nid])]
 
     def placeholders(self, kind: PlaceholderKind | None = None) -> list[int]:
-        return [n.id for n in self._nodes.values()
-                if n.is_placeholder and (kind is None or n.placeholder_kind is kind)]
+        return [
+            n.id
+            for n in self._nodes.values()
+            if n.is_placeholder and (kind is None or n.placeholder_kind is kind)
+        ]
 
     def ops(self) -> list[int]:
         return [n.id for n in self._nodes.values() if not n.is_placeholder]
@@ -353,7 +371,9 @@ class StorageMap:
 
     def allocations(self, nid: int, graph: Graph) -> list[Ref]:
         """Storages that running `nid` allocates."""
-        return [Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes]
+        return [
+            Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes
+        ]
 
 
 def _aliased_input(graph: Graph, node: Node) -> Ref | None:

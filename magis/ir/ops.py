@@ -159,8 +159,20 @@ VIEW_OPS = (
     "lift_fresh",
     "_reshape_copy_alias",
 )
-RANDOM_OPS = ("bernoulli", "native_dropout", "rand", "randn", "rand_like", "randn_like", "randint",
-              "normal", "uniform", "multinomial", "randperm", "dropout")
+RANDOM_OPS = (
+    "bernoulli",
+    "native_dropout",
+    "rand",
+    "randn",
+    "rand_like",
+    "randn_like",
+    "randint",
+    "normal",
+    "uniform",
+    "multinomial",
+    "randperm",
+    "dropout",
+)
 COMPUTE_BOUND = {
     "mm": _mm,
     "addmm": _addmm,
@@ -249,18 +261,85 @@ def build_default_registry() -> OpRegistry:
 
 
 POINTWISE = (
-    "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow", "relu", "sigmoid",
-    "threshold_backward", "where", "clone", "_to_copy", "masked_fill", "fill", "abs", "sign",
-    "maximum", "minimum", "clamp", "erf", "sigmoid_backward", "tanh_backward", "reciprocal",
-    "lt", "gt", "le", "ge", "eq", "ne", "logical_not", "bitwise_not", "cat", "stack",
-    "upsample_bilinear2d", "upsample_bilinear2d_backward", "upsample_nearest2d",
-    "upsample_nearest2d_backward", "index", "index_put", "gather", "scatter", "scatter_add",
-    "constant_pad_nd", "triu", "tril", "addcmul", "addcdiv", "lerp", "cumsum", "round",
-    "floor", "ceil", "sin", "cos", "square", "native_dropout_backward", "hardtanh",
-    "hardtanh_backward", "leaky_relu", "leaky_relu_backward", "slice_backward",
-    "select_backward", "new_zeros", "new_ones", "new_empty", "new_full", "scalar_tensor",
-    "mse_loss", "mse_loss_backward", "avg_pool2d", "avg_pool2d_backward",
-    "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "expand_copy", "repeat",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "pow",
+    "relu",
+    "sigmoid",
+    "threshold_backward",
+    "where",
+    "clone",
+    "_to_copy",
+    "masked_fill",
+    "fill",
+    "abs",
+    "sign",
+    "maximum",
+    "minimum",
+    "clamp",
+    "erf",
+    "sigmoid_backward",
+    "tanh_backward",
+    "reciprocal",
+    "lt",
+    "gt",
+    "le",
+    "ge",
+    "eq",
+    "ne",
+    "logical_not",
+    "bitwise_not",
+    "cat",
+    "stack",
+    "upsample_bilinear2d",
+    "upsample_bilinear2d_backward",
+    "upsample_nearest2d",
+    "upsample_nearest2d_backward",
+    "index",
+    "index_put",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "constant_pad_nd",
+    "triu",
+    "tril",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "cumsum",
+    "round",
+    "floor",
+    "ceil",
+    "sin",
+    "cos",
+    "square",
+    "native_dropout_backward",
+    "hardtanh",
+    "hardtanh_backward",
+    "leaky_relu",
+    "leaky_relu_backward",
+    "slice_backward",
+    "select_backward",
+    "new_zeros",
+    "new_ones",
+    "new_empty",
+    "new_full",
+    "scalar_tensor",
+    "mse_loss",
+    "mse_loss_backward",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward",
+    "expand_copy",
+    "repeat",
 )
 
 DEFAULT_REGISTRY = build_default_registry()
@@ -274,11 +353,15 @@ def resolve_overload(op: str):
 
     parts = op.split(".")
     if len(parts) != 3:
-        raise UnsupportedOpError(f"cannot run op {op!r}: not an ATen overload name (ns.op.overload)")
+        raise UnsupportedOpError(
+            f"cannot run op {op!r}: not an ATen overload name (ns.op.overload)"
+        )
     try:
         return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
     except (AttributeError, RuntimeError) as exc:
-        raise UnsupportedOpError(f"cannot run op {op!r}: this PyTorch has no such operator") from exc
+        raise UnsupportedOpError(
+            f"cannot run op {op!r}: this PyTorch has no such operator"
+        ) from exc
 
 
 def out_overload(op: str):

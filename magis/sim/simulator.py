@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
@@ -139,7 +138,9 @@ def _categories(graph: Graph) -> dict[Ref, Category]:
 
         loss = graph.outputs[0].node
         forward = {graph.dag[i] for i in rx.ancestors(graph.dag, graph.rx_index(loss))} | {loss}
-    weight_shapes = {graph.node(p).outputs[0].shape for p in graph.placeholders(PlaceholderKind.WEIGHT)}
+    weight_shapes = {
+        graph.node(p).outputs[0].shape for p in graph.placeholders(PlaceholderKind.WEIGHT)
+    }
     grads: set[Ref] = {smap.storage_of(r) for r in graph.outputs[1:]}
     for nid in graph.ops():
         node = graph.node(nid)
@@ -162,7 +163,9 @@ def _categories(graph: Graph) -> dict[Ref, Category]:
     return cats
 
 
-def memory_timeline(graph: Graph, order: list[int] | tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def memory_timeline(
+    graph: Graph, order: list[int] | tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(M_i for each step, allocation step, free step) of every non-resident storage."""
     t = _tables(graph)
     n = len(order)
@@ -215,7 +218,9 @@ def _hotspots(graph: Graph, t: _Tables, alloc, free, peak_steps: np.ndarray) -> 
     for i in chosen:
         s = t.storages[i]
         node = graph.node(s.node)
-        spots.append(Hotspot(s, node.name, node.op, int(t.nbytes[i]), graph.meta(s).shape, t.category[i]))
+        spots.append(
+            Hotspot(s, node.name, node.op, int(t.nbytes[i]), graph.meta(s).shape, t.category[i])
+        )
     return tuple(spots)
 
 

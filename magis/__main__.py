@@ -1,0 +1,3 @@
+from magis.cli import main
+
+main()

@@ -1,0 +1,41 @@
+import pytest
+import torch
+from torch import nn
+
+
+class TinyMLP(nn.Module):
+    """Linear, batch norm, ReLU, dropout, linear: every kind of state a step touches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def mlp_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out, y)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.fixture
+def mlp_step_factory(float64):
+    from magis.capture import training_step
+
+    def make(optimizer="sgd"):
+        torch.manual_seed(0)
+        model = TinyMLP()
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+        return training_step(model, (x, y), loss_fn=mlp_loss, optimizer=optimizer)
+
+    return make
