@@ -14,7 +14,7 @@ GPT-Neo-1.3B and BTLM-3B. Each family comes in three sizes:
 
 Calling convention (every workload)::
 
-    model = wl.build_model()
+    model = wl.build()                      # build_model() with default dtype wl.dtype
     inputs = wl.make_inputs(wl.batch)        # (x, y): model input, target
     output = model(inputs[0])
     loss = wl.loss_fn(output, *inputs)      # a scalar
@@ -26,10 +26,9 @@ masked-LM loss predicts every position). Images are made with ``torch.randn`` in
 ids with ``torch.randint``; both are deterministic under ``torch.manual_seed`` and become fake
 tensors inside a ``FakeTensorMode``.
 
-``build_model()`` builds float32 workloads in the ambient default dtype (so
-``torch.set_default_dtype(torch.float64)`` gives a float64 model) and reduced-precision workloads
-(the paper-size LLMs) with the default dtype set to ``wl.dtype`` during construction, restored
-afterwards: ``module.to(torch.bfloat16)`` does not work on fake parameters. Models are returned in
+``build_model()`` builds in the ambient default dtype: set ``torch.set_default_dtype(wl.dtype)``
+around it (``module.to(torch.bfloat16)`` does not work on fake parameters), or call
+``wl.build()``, which does that (``wl.build(torch.float64)`` for another dtype). Models are returned in
 training mode with the dropout probabilities of their published configs (so dropout, where the
 config has it, is captured as a random op). Hugging Face models are built from explicit configs
 (random init, nothing downloaded) with eager attention, so attention captures as plain ops; the
@@ -84,6 +83,11 @@ class Workload:
     make_inputs: Callable[[int], tuple[torch.Tensor, ...]]
     loss_fn: Callable[..., torch.Tensor]
     description: str
+
+    def build(self, dtype: torch.dtype | None = None) -> nn.Module:
+        """`build_model()` with the default dtype set to `dtype` (default: `self.dtype`)."""
+        with _default_dtype(dtype or self.dtype):
+            return self.build_model()
 
 
 def get_workload(name: str, batch: int | None = None) -> Workload:
@@ -167,17 +171,13 @@ def _data_independent_trunc_normal() -> Iterator[None]:
         init_module._no_grad_trunc_normal_ = original
 
 
-def _build(
-    factory: Callable[[], nn.Module], dtype: torch.dtype, *, patch_trunc_normal: bool = False
-) -> nn.Module:
-    """Run `factory` in `dtype` (reduced-precision workloads) or the ambient dtype (float32 ones)."""
-    target = torch.get_default_dtype() if dtype == torch.float32 else dtype
-    with _default_dtype(target):
-        if patch_trunc_normal:
-            with _data_independent_trunc_normal():
-                model = factory()
-        else:
+def _build(factory: Callable[[], nn.Module], *, patch_trunc_normal: bool = False) -> nn.Module:
+    """Run `factory` (in the ambient default dtype) and return the model in training mode."""
+    if patch_trunc_normal:
+        with _data_independent_trunc_normal():
             model = factory()
+    else:
+        model = factory()
     return model.train()
 
 
@@ -204,9 +204,9 @@ def _image_masks(
 
 
 def _tokens(batch: int, *, seq_len: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids (N, T), labels (N, T)); the labels are the ids (the loss decides the shift)."""
+    """(token ids (N, T), labels (N, T)); the labels are a copy of the ids (the loss shifts them)."""
     ids = torch.randint(0, vocab_size, (batch, seq_len))
-    return ids, ids
+    return ids, ids.clone()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def _resnet50(size: str) -> Workload:
     p = {
         "paper": dict(batch=64, image=224, classes=1000, emb=64, hidden=(256, 512, 1024, 2048), depths=(3, 4, 6, 3)),
         "tiny": dict(batch=2, image=32, classes=10, emb=8, hidden=(16, 32, 64, 128), depths=(1, 1, 1, 1)),
-        "small": dict(batch=8, image=64, classes=100, emb=32, hidden=(128, 256, 512, 1024), depths=(2, 2, 2, 2)),
+        "small": dict(batch=16, image=128, classes=100, emb=64, hidden=(256, 512, 1024, 2048), depths=(3, 4, 6, 3)),
     }[size]  # fmt: skip
     factory = partial(
         _resnet50_model,
@@ -285,7 +285,7 @@ def _resnet50(size: str) -> Workload:
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory, torch.float32),
+        build_model=partial(_build, factory),
         make_inputs=partial(
             _image_labels, channels=3, image_size=p["image"], num_classes=p["classes"]
         ),
@@ -330,7 +330,7 @@ def _bert_base(size: str) -> Workload:
     p = {
         "paper": dict(batch=32, seq=512, vocab=30522, hidden=768, layers=12, heads=12, ffn=3072, pos=512),
         "tiny": dict(batch=2, seq=16, vocab=128, hidden=32, layers=2, heads=2, ffn=64, pos=32),
-        "small": dict(batch=8, seq=128, vocab=8192, hidden=256, layers=4, heads=4, ffn=1024, pos=128),
+        "small": dict(batch=16, seq=128, vocab=8192, hidden=384, layers=6, heads=6, ffn=1536, pos=128),
     }[size]  # fmt: skip
     factory = partial(
         _bert_model,
@@ -346,7 +346,7 @@ def _bert_base(size: str) -> Workload:
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory, torch.float32),
+        build_model=partial(_build, factory),
         make_inputs=partial(_tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
         loss_fn=_masked_lm_loss,
         description=(
@@ -389,7 +389,7 @@ def _vit_base(size: str) -> Workload:
     p = {
         "paper": dict(batch=64, image=224, patch=16, hidden=768, layers=12, heads=12, ffn=3072, classes=1000),
         "tiny": dict(batch=2, image=32, patch=8, hidden=32, layers=2, heads=2, ffn=64, classes=10),
-        "small": dict(batch=16, image=128, patch=16, hidden=256, layers=4, heads=4, ffn=1024, classes=100),
+        "small": dict(batch=32, image=128, patch=16, hidden=384, layers=6, heads=6, ffn=1536, classes=100),
     }[size]  # fmt: skip
     factory = partial(
         _vit_model,
@@ -406,7 +406,7 @@ def _vit_base(size: str) -> Workload:
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory, torch.float32, patch_trunc_normal=True),
+        build_model=partial(_build, factory, patch_trunc_normal=True),
         make_inputs=partial(
             _image_labels, channels=3, image_size=p["image"], num_classes=p["classes"]
         ),
@@ -445,7 +445,7 @@ def _segmentation(family: str, size: str, sizes: Mapping[str, dict[str, int]]) -
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory, torch.float32),
+        build_model=partial(_build, factory),
         make_inputs=partial(
             _image_masks, channels=3, image_size=p["image"], num_classes=_SEGMENTATION_CLASSES
         ),
@@ -462,7 +462,7 @@ def _unet(size: str) -> Workload:
     sizes = {
         "paper": dict(batch=32, image=256, width=64),
         "tiny": dict(batch=2, image=32, width=4),
-        "small": dict(batch=4, image=128, width=16),
+        "small": dict(batch=8, image=128, width=32),
     }
     return _segmentation("unet", size, sizes)
 
@@ -472,7 +472,7 @@ def _unetpp(size: str) -> Workload:
     sizes = {
         "paper": dict(batch=16, image=256, width=32),
         "tiny": dict(batch=2, image=32, width=4),
-        "small": dict(batch=4, image=128, width=8),
+        "small": dict(batch=8, image=128, width=16),
     }
     return _segmentation("unetpp", size, sizes)
 
@@ -504,6 +504,8 @@ def _gpt_neo_model(
         layer_norm_epsilon=1e-5,
         use_cache=False,
         tie_word_embeddings=True,
+        bos_token_id=vocab_size - 1,  # <|endoftext|> is the last GPT-2 token (50256)
+        eos_token_id=vocab_size - 1,
         attn_implementation="eager",
     )
     return GPTNeoForCausalLM(config)
@@ -514,7 +516,7 @@ def _gpt_neo(size: str) -> Workload:
     p = {
         "paper": dict(batch=32, seq=512, vocab=50257, hidden=2048, layers=24, heads=16, window=256, pos=2048),
         "tiny": dict(batch=2, seq=16, vocab=128, hidden=32, layers=2, heads=2, window=8, pos=32),
-        "small": dict(batch=4, seq=128, vocab=8192, hidden=256, layers=4, heads=4, window=64, pos=256),
+        "small": dict(batch=8, seq=256, vocab=8192, hidden=384, layers=6, heads=6, window=64, pos=512),
     }[size]  # fmt: skip
     dtype = torch.bfloat16 if size == "paper" else torch.float32
     factory = partial(
@@ -531,7 +533,7 @@ def _gpt_neo(size: str) -> Workload:
         size,
         dtype=dtype,
         batch=p["batch"],
-        build_model=partial(_build, factory, dtype),
+        build_model=partial(_build, factory),
         make_inputs=partial(_tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
         loss_fn=_causal_lm_loss,
         description=(
@@ -553,7 +555,7 @@ def _btlm(size: str) -> Workload:
     p = {
         "paper": dict(batch=32, seq=512, vocab=50257, hidden=2560, layers=32, heads=32, ffn=6826),
         "tiny": dict(batch=2, seq=16, vocab=128, hidden=32, layers=2, heads=4, ffn=86),
-        "small": dict(batch=4, seq=128, vocab=8192, hidden=256, layers=4, heads=4, ffn=682),
+        "small": dict(batch=8, seq=256, vocab=8192, hidden=384, layers=6, heads=6, ffn=1024),
     }[size]  # fmt: skip
     dtype = torch.bfloat16 if size == "paper" else torch.float32
     factory = partial(
@@ -569,7 +571,7 @@ def _btlm(size: str) -> Workload:
         size,
         dtype=dtype,
         batch=p["batch"],
-        build_model=partial(_build, factory, dtype),
+        build_model=partial(_build, factory),
         make_inputs=partial(_tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
         loss_fn=_causal_lm_loss,
         description=(
