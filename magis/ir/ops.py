@@ -204,6 +204,9 @@ WEIGHTED = {
     "var_mean": _per_input_element(3),
     "nll_loss_forward": _per_output_element(1),
     "nll_loss_backward": _per_output_element(1),
+    "nll_loss2d_forward": _per_input_element(1),
+    "nll_loss2d_backward": _per_output_element(1),
+    "ones": _per_output_element(1),
     "embedding": _zero,
     "embedding_dense_backward": _per_input_element(1),
     "max_pool2d_with_indices": _per_output_element(9),
@@ -340,6 +343,11 @@ POINTWISE = (
     "_adaptive_avg_pool2d_backward",
     "expand_copy",
     "repeat",
+    "bitwise_and",
+    "bitwise_or",
+    "logical_and",
+    "logical_or",
+    "lift_fresh_copy",
 )
 
 DEFAULT_REGISTRY = build_default_registry()
