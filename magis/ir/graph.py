@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import rustworkx as rx
@@ -177,6 +177,50 @@ class Graph:
             self._check_ref(ref)
         self._outputs = refs
         self._derived.clear()
+
+    def replace_uses(self, old: Ref, new: Ref, users: Iterable[int] | None = None) -> list[int]:
+        """Make `users` (default: every user of `old`) read `new` instead; return those changed.
+
+        Nodes are immutable: a changed user is replaced by a copy with the same id, name and
+        op, so schedules that name it stay meaningful.
+        """
+        self._check_ref(new)
+        targets = self.users(old.node) if users is None else list(users)
+        changed = []
+        for uid in targets:
+            node = self._nodes[uid]
+            if old not in node.inputs:
+                continue
+            swap = lambda r: new if r == old else r  # noqa: E731
+            args = map_refs(node.args, swap)
+            kwargs = tuple((k, map_refs(v, swap)) for k, v in node.kwargs)
+            inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kwargs])]))
+            self._nodes[uid] = replace(node, args=args, kwargs=kwargs, inputs=inputs)
+            self._rewire(uid, node.inputs, inputs)
+            changed.append(uid)
+        self._derived.clear()
+        return changed
+
+    def _rewire(self, uid: int, before: tuple[Ref, ...], after: tuple[Ref, ...]) -> None:
+        dst = self._index[uid]
+        old_src = {r.node for r in before} - {r.node for r in after}
+        for src in old_src:
+            if src not in self._control.get(uid, ()) and self._dag.has_edge(self._index[src], dst):
+                self._dag.remove_edge(self._index[src], dst)
+        for src in {r.node for r in after}:
+            if not self._dag.has_edge(self._index[src], dst):
+                self._dag.add_edge(self._index[src], dst, "data")
+
+    def copy(self) -> Graph:
+        """An independent graph with the same nodes, ids and edges (nodes are shared: immutable)."""
+        new = Graph(self.registry)
+        new._dag = self._dag.copy()
+        new._nodes = dict(self._nodes)
+        new._index = dict(self._index)
+        new._control = {k: set(v) for k, v in self._control.items()}
+        new._outputs = self._outputs
+        new._next_id = self._next_id
+        return new
 
     def remove_node(self, nid: int) -> None:
         """Remove a node nobody uses (torch.fx's erase_node contract)."""
