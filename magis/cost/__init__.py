@@ -1,0 +1,52 @@
+"""Cost models: seconds per op on the compute stream and per copy on the copy stream.
+
+`RooflineModel` is analytic, with hardware presets (`rtx3090`, the paper's card and the default;
+`a100`; `h100`); `ProfiledCostModel` measures ops on the local device and keeps them in SQLite
+(MAGIS §6.2's operator performance cache); `UnitCostModel` is the hand-checkable test mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from magis.cost.base import CacheInfo, CostModel, OpCall, OpKey, UnitCostModel, op_key
+from magis.cost.profiled import ProfiledCostModel, ProfileInfo
+from magis.cost.roofline import HARDWARE_PRESETS, Hardware, Peaks, RooflineModel
+from magis.errors import UnknownHardwareError
+
+COST_MODEL_NAMES: tuple[str, ...] = (*HARDWARE_PRESETS, "cpu", "unit")
+
+
+def get_cost_model(name: str, **kw: Any) -> CostModel:
+    """The cost model called `name`: a roofline preset, "cpu" (profiled here) or "unit".
+
+    Keyword arguments go to the model's constructor (e.g. ``cache_path=`` for "cpu").
+    """
+    key = name.strip().lower()
+    if key in HARDWARE_PRESETS:
+        return RooflineModel(HARDWARE_PRESETS[key], **kw)
+    if key == "cpu":
+        return ProfiledCostModel(device="cpu", **kw)
+    if key == "unit":
+        return UnitCostModel(**kw)
+    raise UnknownHardwareError(
+        f"unknown hardware '{name}'; choose one of {', '.join(COST_MODEL_NAMES)}"
+    )
+
+
+__all__ = [
+    "COST_MODEL_NAMES",
+    "HARDWARE_PRESETS",
+    "CacheInfo",
+    "CostModel",
+    "Hardware",
+    "OpCall",
+    "OpKey",
+    "Peaks",
+    "ProfileInfo",
+    "ProfiledCostModel",
+    "RooflineModel",
+    "UnitCostModel",
+    "get_cost_model",
+    "op_key",
+]

@@ -1,0 +1,197 @@
+"""The cost-model contract: how long one node takes on the compute stream, one copy on the copy stream.
+
+MAGIS simulates a schedule instead of running it, with "an operator performance cache" that keeps
+the latency of every distinct operator (MAGIS §6.2); TASO measures "the execution time of a DNN
+operator once for each configuration" and sums them (Jia, thesis §2.6). Both rest on the same
+observation: the time of an op depends only on the op, its input and output shapes and dtypes and
+its constant arguments. `op_key` is that configuration, and `CostModel` memoizes on it, so the
+twelve identical layers of a transformer are estimated (or measured) once, and a search that asks
+about thousands of mutated graphs pays a dictionary lookup per node.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from magis.ir import Graph, Node, OpInfo, Ref, TensorMeta
+
+
+class OpKey(NamedTuple):
+    """The configuration of one op call: everything its time depends on, hashable.
+
+    Tensor arguments appear as their `TensorMeta`, lists as tuples, keyword arguments as sorted
+    pairs. Which node it is, what it writes into and who consumes it are not part of it.
+    """
+
+    op: str
+    args: tuple
+    kwargs: tuple[tuple[str, Any], ...]
+    outputs: tuple[TensorMeta, ...]
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """An `OpKey` with its registry entry: what an estimator or a profiler needs."""
+
+    key: OpKey
+    info: OpInfo
+
+    @property
+    def op(self) -> str:
+        return self.key.op
+
+    @property
+    def args(self) -> tuple:
+        return self.key.args
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.key.kwargs)
+
+    @property
+    def outputs(self) -> tuple[TensorMeta, ...]:
+        return self.key.outputs
+
+
+def _freeze(value: Any, nodes: dict[int, Node]) -> Any:
+    """`value` with Refs replaced by their TensorMeta and lists by tuples (hashable).
+
+    `type(...) is` rather than isinstance: this runs for every argument of every node, and
+    node_times must stay in the tens of milliseconds on 10,000-node graphs (DESIGN principle 4).
+    """
+    kind = type(value)
+    if kind is Ref:
+        return nodes[value.node].outputs[value.index]
+    if kind is tuple or kind is list:
+        return tuple([_freeze(v, nodes) for v in value])
+    return value
+
+
+def _key_of(node: Node, nodes: dict[int, Node]) -> OpKey:
+    args = _freeze(node.args, nodes)
+    kwargs = tuple([(k, _freeze(v, nodes)) for k, v in node.kwargs]) if node.kwargs else ()
+    return OpKey(node.op, args, kwargs, node.outputs)
+
+
+def key_text(key: OpKey) -> str:
+    """A key as text: its repr (TensorMeta, dtype, device and float reprs are stable)."""
+    return repr(tuple(key))
+
+
+def op_key(graph: Graph, nid: int) -> OpKey:
+    """The memo key of node `nid` (the facts of `graph.meta_args`, made hashable)."""
+    return _key_of(graph.node(nid), graph.nodes)
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """Memo statistics, in the spirit of `functools.lru_cache().cache_info()`."""
+
+    entries: int  # distinct op keys known
+    computed: int  # keys estimated or measured by this instance (memo misses)
+
+
+@dataclass
+class _Memo:
+    times: dict[OpKey | str, float] = field(default_factory=dict)
+    computed: int = 0
+
+
+class CostModel(abc.ABC):
+    """Seconds per node on the compute stream, seconds per host<->device copy on the copy stream.
+
+    Subclasses implement `estimate` (one op configuration, uncached) and `transfer_time`;
+    placeholders and views cost nothing, everything else is memoized by `OpKey`. A node that
+    writes its result into a placeholder (`writes_into`) carries its functional op and costs as
+    that op: writing into an existing buffer takes as long as writing into a fresh one.
+    """
+
+    name: str
+
+    def __init__(self) -> None:
+        self._memo = _Memo()
+
+    @abc.abstractmethod
+    def estimate(self, call: OpCall) -> float:
+        """Seconds one call of this op configuration takes (not memoized; use `op_time`)."""
+
+    @abc.abstractmethod
+    def transfer_time(self, nbytes: int) -> float:
+        """Seconds one host<->device copy of `nbytes` takes on the copy stream (Store/Load)."""
+
+    def op_time(self, graph: Graph, nid: int) -> float:
+        """Seconds node `nid` takes on the compute stream; 0 for placeholders and views."""
+        node = graph.node(nid)
+        if node.is_placeholder:
+            return 0.0
+        info = graph.info(nid)
+        if info.is_view:
+            return 0.0
+        return self.time_of(op_key(graph, nid), info)
+
+    def time_of(self, key: OpKey, info: OpInfo) -> float:
+        """The memoized time of one op configuration."""
+        memo = self._memo.times
+        memo_key: OpKey | str = key
+        try:
+            return memo[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable constant argument: memoize by the key's text
+            memo_key = key_text(key)
+            if memo_key in memo:
+                return memo[memo_key]
+        seconds = float(self.estimate(OpCall(key, info)))
+        memo[memo_key] = seconds
+        self._memo.computed += 1
+        return seconds
+
+    def node_times(self, graph: Graph) -> np.ndarray:
+        """Every node's `op_time`, as a float64 array indexed by node id.
+
+        Ids of removed nodes (gaps) hold 0; the array is as long as the largest id plus one.
+        This is the hot path of the search (MAGIS §6.2), so it inlines `op_time`.
+        """
+        nodes = graph.nodes
+        lookup = graph.registry.lookup
+        infos: dict[str, OpInfo] = {}
+        times = np.zeros(max(nodes, default=-1) + 1)
+        for nid, node in nodes.items():
+            if node.is_placeholder:
+                continue
+            info = infos.get(node.op)
+            if info is None:
+                info = infos[node.op] = lookup(node.op)
+            if not info.is_view:
+                times[nid] = self.time_of(_key_of(node, nodes), info)
+        return times
+
+    def total_time(self, graph: Graph) -> float:
+        """Sum of all nodes' times: the latency of running them one after another (thesis §2.6)."""
+        return float(self.node_times(graph).sum())
+
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo(len(self._memo.times), self._memo.computed)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class UnitCostModel(CostModel):
+    """The test mode (STYLE habit 8): every op that is not a view costs 1 s, a copy nbytes / 1e9 s.
+
+    Hand-checkable in scheduler and search tests, as the AOTAutograd partitioner's
+    `estimate_runtime(..., "testing")` is.
+    """
+
+    name = "unit"
+
+    def estimate(self, call: OpCall) -> float:
+        return 1.0
+
+    def transfer_time(self, nbytes: int) -> float:
+        return nbytes / 1e9

@@ -1,0 +1,315 @@
+"""A cost model that measures every distinct op on the local device (MAGIS §6.2; thesis §2.6).
+
+TASO "measures the execution time of a DNN operator once for each configuration ... and estimates
+the performance of a graph by summing up the measured execution time of its operators" (Jia,
+thesis §2.6); MAGIS keeps such measurements in "an operator performance cache" (§6.2). Here a
+configuration is an `OpKey`; its inputs are synthesized from the TensorMetas, the ATen overload
+is called directly, one call at a time, and the median of a few calls is kept in SQLite.
+
+Single calls are timed with the Python-to-ATen dispatch included, not batched: the generated
+program pays the same overhead per op, and on a CPU at small sizes it is most of the time. Each
+timed CPU call follows a few calls of other ops (`Disturbance`), as it does in a program. An op
+that cannot run on synthetic inputs, or whose tensors would not fit in a quarter of the device's
+memory, gets the roofline estimate of a generic CPU instead, remembered like a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from magis.cost.base import CostModel, OpCall, OpKey, key_text, op_key
+from magis.cost.roofline import CPU, roofline_time
+from magis.cost.store import OpTimeStore, default_cache_path
+from magis.ir import Graph, OpInfo
+from magis.ir.ops import bytes_moved, resolve_overload
+from magis.ir.tensor import TensorMeta
+
+# Bump when the way ops are timed changes: rows timed the old way are then ignored.
+PROFILER_VERSION = "1 (single calls, disturbed)"
+MEASURED = "measured"
+ESTIMATED = "estimated"  # the op would not run on synthetic inputs: roofline of `CPU` instead
+# On CUDA a sample is this many back-to-back calls: launches are asynchronous, so in a program
+# an op costs max(dispatch, kernel), not dispatch + kernel + a synchronization.
+CUDA_CALLS_PER_SAMPLE = 10
+# Copies timed once to model Store/Load: a large one for bandwidth, a tiny one for latency.
+_TRANSFER_PROBE_BYTES = 16 << 20
+_TRANSFER_KEYS = ("transfer:latency", "transfer:bandwidth")
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """Where a profiled model's times came from."""
+
+    path: Path | None  # the SQLite file, None when op times are kept in memory only
+    loaded: int  # rows read from the file when it was opened
+    measured: int  # op configurations this instance timed
+    fallbacks: tuple[str, ...]  # ops that could not run and got a roofline estimate
+
+
+def device_name(device: torch.device) -> str:
+    """What the timings are valid for: the GPU model, or the CPU model and thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+def device_memory(device: torch.device) -> float:
+    """Bytes of memory the device has (physical RAM for the CPU); infinite when unknown."""
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+# --- synthetic inputs --------------------------------------------------------------------------
+
+
+def synthetic_tensor(meta: TensorMeta, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """A real tensor for `meta`: floats in [0.25, 0.75) (log, sqrt, div stay finite), integers 0
+    (a valid index for embedding, nll_loss, gather), booleans False."""
+    dtype = meta.torch_dtype
+    if dtype.is_floating_point or dtype.is_complex:
+        t = torch.rand(meta.shape, generator=gen, dtype=dtype) * 0.5 + 0.25
+        return t.to(device)
+    return torch.zeros(meta.shape, dtype=dtype, device=device)
+
+
+def synthetic_value(value: Any, device: torch.device, gen: torch.Generator) -> Any:
+    """An argument of an `OpKey` made runnable: metas become tensors, devices the profiling one."""
+    if isinstance(value, TensorMeta):
+        return synthetic_tensor(value, device, gen)
+    if isinstance(value, torch.device):
+        return device
+    if isinstance(value, tuple):
+        return tuple(synthetic_value(v, device, gen) for v in value)
+    return value
+
+
+def time_call(
+    fn: Callable[[], Any],
+    warmup: int,
+    repeats: int,
+    before: Callable[[], None] = lambda: None,
+    sync: Callable[[], None] = lambda: None,
+    calls: int = 1,
+) -> float:
+    """Median seconds per call of `fn` over `repeats` samples of `calls` calls each.
+
+    `before` runs ahead of every sample, untimed; `sync` waits for the device at both ends.
+    """
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(max(1, repeats)):
+        before()
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn()
+        sync()
+        samples.append((time.perf_counter() - start) / calls)
+        del out  # freed outside the timed region, as the program frees at a value's last use
+    return statistics.median(samples)
+
+
+class Disturbance:
+    """Calls of other ATen ops made before each timed CPU call, so that it runs "cold".
+
+    In a program every op follows different ops (and views) that evict its dispatch path from
+    the instruction cache and branch predictors; a call repeated back to back hides that. On
+    bert-base:tiny (2-core CPU, ~440 non-view ops of a few us each) back-to-back timing summed to
+    1.2-1.5 ms while the same ops took ~2.5 ms inside the generated program (3.1-3.4 ms with its
+    ~230 views); with these eight calls before each timed one, 2.6-2.7 ms. The same disturbance
+    for every key keeps measurements comparable: a split op measured later is timed under the
+    conditions its unsplit parent was.
+    """
+
+    def __init__(self) -> None:
+        self.x = torch.rand(16, 32)
+        self.y = torch.rand(32, 16)
+
+    def __call__(self) -> None:
+        aten, x = torch.ops.aten, self.x
+        aten.add.Tensor(x, x)
+        aten.mul.Tensor(x, 2.0)
+        aten.t.default(x)
+        aten.view.default(x, [32, 16])
+        aten.sum.dim_IntList(x, [0])
+        aten.mm.default(x, self.y)
+        aten.gelu.default(x)
+        aten.cat.default([x, x])
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+class ProfiledCostModel(CostModel):
+    """Op times measured on `device` and cached in SQLite (see `magis.cost.store`)."""
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        cache_path: str | Path | None = None,
+        warmup: int = 2,
+        repeats: int = 5,
+    ) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+        self.name = str(self.device)
+        self.warmup = warmup
+        self.repeats = repeats
+        path = default_cache_path() if cache_path is None else cache_path
+        self._store = OpTimeStore(
+            path, (device_name(self.device), torch.__version__, PROFILER_VERSION)
+        )
+        self._loaded = len(self._store.rows)
+        self._measured = 0
+        self._fallbacks: dict[str, str] = {}  # op -> why it did not run
+        self._disturb = Disturbance()
+        self._max_bytes = device_memory(self.device) / 4  # room for inputs, outputs, the rest
+
+    # --- CostModel ----------------------------------------------------------------------------
+
+    def estimate(self, call: OpCall) -> float:
+        text = key_text(call.key)
+        cached = self._store.get(text)
+        if cached is not None:
+            return cached
+        seconds, source = self._measure_or_estimate(call)
+        self._store.put(text, seconds, source)
+        return seconds
+
+    def transfer_time(self, nbytes: int) -> float:
+        """One Store/Load: a copy between device and host memory, from two timed copies."""
+        if nbytes <= 0:
+            return 0.0
+        latency, bandwidth = self._transfer_constants()
+        return latency + nbytes / bandwidth
+
+    # --- profiling ----------------------------------------------------------------------------
+
+    def profile_graph(self, graph: Graph, progress: ProgressFn | None = None) -> int:
+        """Measure every distinct op configuration of `graph` now; return how many there are.
+
+        `progress(done, total)` is called before the first and after every configuration, so a
+        caller can drive a progress bar.
+        """
+        calls = distinct_calls(graph)
+        if progress is not None:
+            progress(0, len(calls))
+        with self._store.batch():
+            for done, (key, info) in enumerate(calls, 1):
+                self.time_of(key, info)
+                if progress is not None:
+                    progress(done, len(calls))
+        return len(calls)
+
+    def profile_info(self) -> ProfileInfo:
+        path = self._store.path if self._store.persistent else None
+        return ProfileInfo(path, self._loaded, self._measured, tuple(sorted(self._fallbacks)))
+
+    def close(self) -> None:
+        """Commit and close the database (also safe to skip: every single write is committed)."""
+        self._store.close()
+
+    # --- measuring ----------------------------------------------------------------------------
+
+    def _measure_or_estimate(self, call: OpCall) -> tuple[float, str]:
+        nbytes = bytes_moved(call.info, call.args, call.kwargs, call.outputs)
+        if nbytes > self._max_bytes:
+            self._fallbacks[call.op] = f"{nbytes} bytes of tensors: too large to run here"
+            return roofline_time(CPU, call), ESTIMATED
+        try:
+            seconds = self._measure(call)
+        except Exception as exc:  # noqa: BLE001 - any failure of a synthetic run degrades
+            self._fallbacks[call.op] = f"{type(exc).__name__}: {_first_line(exc)}"
+            return roofline_time(CPU, call), ESTIMATED
+        self._measured += 1
+        return seconds, MEASURED
+
+    def _measure(self, call: OpCall) -> float:
+        """Median seconds of one call of the op on synthetic inputs (raises if it cannot run)."""
+        fn = resolve_overload(call.op)
+        gen = torch.Generator().manual_seed(0)
+        args = synthetic_value(call.args, self.device, gen)
+        kwargs = {k: synthetic_value(v, self.device, gen) for k, v in call.key.kwargs}
+        return self._time(lambda: fn(*args, **kwargs))
+
+    def _time(self, fn: Callable[[], Any]) -> float:
+        if self.device.type == "cuda":
+            return time_call(
+                fn, self.warmup, self.repeats, sync=self._sync, calls=CUDA_CALLS_PER_SAMPLE
+            )
+        return time_call(fn, self.warmup, self.repeats, before=self._disturb)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _transfer_constants(self) -> tuple[float, float]:
+        lat_key, bw_key = _TRANSFER_KEYS
+        latency, bandwidth = self._store.get(lat_key), self._store.get(bw_key)
+        if latency is None or bandwidth is None:
+            latency, bandwidth = self._measure_transfer()
+            with self._store.batch():
+                self._store.put(lat_key, latency, MEASURED)
+                self._store.put(bw_key, bandwidth, MEASURED)
+        return latency, bandwidth
+
+    def _measure_transfer(self) -> tuple[float, float]:
+        """Latency from a one-element copy, bandwidth from a 16 MiB one (device -> host)."""
+        host_kw = {"pin_memory": True} if self.device.type == "cuda" else {}
+        times = []
+        for nbytes in (4, _TRANSFER_PROBE_BYTES):
+            src = torch.zeros(nbytes // 4, dtype=torch.float32, device=self.device)
+            dst = torch.empty(nbytes // 4, dtype=torch.float32, **host_kw)
+            copy = lambda s=src, d=dst: d.copy_(s)  # noqa: E731
+            times.append(time_call(copy, self.warmup, self.repeats, sync=self._sync))
+        small, big = times
+        bandwidth = _TRANSFER_PROBE_BYTES / max(big - small, 1e-9)
+        return small, bandwidth
+
+
+def distinct_calls(graph: Graph) -> list[tuple[OpKey, OpInfo]]:
+    """The op configurations of `graph` that cost time, each once, in program order."""
+    seen: dict[OpKey | str, tuple[OpKey, OpInfo]] = {}
+    for nid in graph.program_order():
+        node = graph.node(nid)
+        if node.is_placeholder or graph.info(nid).is_view:
+            continue
+        key = op_key(graph, nid)
+        try:
+            seen.setdefault(key, (key, graph.info(nid)))
+        except TypeError:  # unhashable constant: keep it; time_of keys it by text
+            seen.setdefault(key_text(key), (key, graph.info(nid)))
+    return list(seen.values())
