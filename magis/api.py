@@ -148,7 +148,7 @@ def run_step(
     hardware: str = "cpu",
     tolerance: float | None = None,
     progress: Progress = _nothing,
-    repeats: int = 5,
+    repeats: int = 10,
     seed: int = 0,
 ) -> RunReport:
     """Execute `step`'s program order as generated code; verify it and measure it."""

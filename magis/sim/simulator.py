@@ -234,9 +234,10 @@ def _breakdown(t: _Tables, alloc, free, step: int) -> dict[str, int]:
 
 def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]:
     """(makespan, busy compute seconds, busy copy seconds) over the two streams."""
-    times = {nid: cost.op_time(graph, nid) for nid in order}
+    times = cost.node_times(graph)
     copies = [nid for nid in order if graph.node(nid).op in COPY_STREAM_OPS]
-    compute_s = sum(times.values()) - sum(times[n] for n in copies)
+    copy_s = float(sum(times[n] for n in copies))
+    compute_s = float(times[np.asarray(order, dtype=np.int64)].sum()) - copy_s if order else 0.0
     if not copies:
         return compute_s, compute_s, 0.0
     finish: dict[int, float] = {}
@@ -245,6 +246,5 @@ def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]
         stream = "copy" if graph.node(nid).op in COPY_STREAM_OPS else "compute"
         ready = max((finish[p] for p in graph.predecessors(nid)), default=0.0)
         start = max(ready, stream_free[stream])
-        finish[nid] = stream_free[stream] = start + times[nid]
-    copy_s = sum(times[n] for n in copies)
+        finish[nid] = stream_free[stream] = start + float(times[nid])
     return max(finish.values(), default=0.0), compute_s, copy_s
