@@ -79,3 +79,16 @@ def test_training_step_traces_under_fake_mode_without_allocating():
         model, (x, y), loss_fn=lambda o, x, y: torch.nn.functional.cross_entropy(o, y)
     )
     assert len(step.graph.placeholders(PlaceholderKind.WEIGHT)) == 4
+
+
+def test_top_level_api_names():
+    import magis
+
+    step = magis.capture(lambda a: a.relu().sum(), torch.randn(3))
+    assert [step.graph.node(n).op for n in step.graph.ops()] == [
+        "aten.relu.default",
+        "aten.sum.default",
+    ]
+    model = torch.nn.Linear(3, 1)
+    step = magis.training_step(model, (torch.randn(2, 3),), loss_fn=lambda o, x: o.sum())
+    assert len(step.graph.placeholders(PlaceholderKind.WEIGHT)) == 2
