@@ -157,9 +157,23 @@ class Graph:
     def _insert(self, node: Node) -> int:
         self._nodes[node.id] = node
         self._index[node.id] = self._dag.add_node(node.id)
-        self._next_id += 1
+        self._next_id = max(self._next_id, node.id) + 1
         self._derived.clear()
         return node.id
+
+    def restore_node(self, node: Node) -> int:
+        """Insert a node exactly as given (its id included): for loading saved graphs.
+
+        Its inputs must already be in the graph; ids must be new.
+        """
+        if node.id in self._nodes:
+            raise GraphError(f"node id {node.id} is taken")
+        for ref in node.inputs:
+            self._check_ref(ref)
+        nid = self._insert(node)
+        for ref in node.inputs:
+            self._dag.add_edge(self._index[ref.node], self._index[nid], "data")
+        return nid
 
     def add_control_dep(self, before: int, after: int) -> None:
         """`after` may only run once `before` has run (no data flows)."""
