@@ -18,7 +18,6 @@ import torch
 
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
-from magis.ir.graph import refs_in
 from magis.ir.ops import out_overload, resolve_overload
 
 
@@ -155,7 +154,3 @@ def compile_program(graph: Graph, order: list[int], device: torch.device | str =
     exec(compile(source, "<magis-program>", "exec"), scope)  # noqa: S102 - our own generated code
     names = _Names(graph, order)
     return Program(source, scope["program"], tuple(names[Ref(p)] for p in graph.placeholders()))
-
-
-def inputs_read(graph: Graph, nid: int) -> list[Ref]:
-    return list(refs_in(graph.node(nid).args))

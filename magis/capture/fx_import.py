@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -106,10 +107,10 @@ def refs_or_nodes(value) -> list[fx.Node]:
     return []
 
 
+@dataclass
 class _Epilogue:
-    def __init__(self) -> None:
-        self.folded: dict[fx.Node, fx.Node] = {}  # producer -> placeholder it now writes into
-        self.skipped: set[fx.Node] = set()  # copy_ nodes made redundant by folding
+    folded: dict[fx.Node, fx.Node] = field(default_factory=dict)  # producer -> its placeholder
+    skipped: set[fx.Node] = field(default_factory=set)  # copy_ nodes made redundant by folding
 
 
 def _mutation_epilogue(g: fx.Graph) -> _Epilogue:
