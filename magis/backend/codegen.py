@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
-from magis.ir.ops import out_overload, resolve_overload
+from magis.ir.ops import LOAD_OP, STORE_OP, out_overload, resolve_overload
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Program:
     source: str
     fn: Callable[..., tuple]
     input_names: tuple[str, ...]
+    host_pool: HostPool  # where Store puts tensors (swapping)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         return self.fn(*inputs)
@@ -49,7 +51,7 @@ class _Names:
     """A Python identifier for every value (Ref) of the graph."""
 
     def __init__(self, graph: Graph, order: list[int]) -> None:
-        taken = {"torch", "aten", "device", "program", "None"}
+        taken = {"torch", "aten", "device", "program", "None", "store", "load", "ready"}
         self._names: dict[Ref, str] = {}
         for nid in order:
             node = graph.node(nid)
@@ -89,6 +91,9 @@ def _literal(value, names: _Names) -> str:
 
 def _call(graph: Graph, nid: int, names: _Names) -> str:
     node = graph.node(nid)
+    if graph.info(nid).copy_stream:  # Store / Load: the runtime's host pool does the copy
+        verb = "store" if node.op == STORE_OP else "load"
+        return f"{verb}({names[node.inputs[0]]})"
     args = [_literal(a, names) for a in node.args]
     kwargs = [f"{k}={_literal(v, names)}" for k, v in node.kwargs]
     target = node.op
@@ -132,10 +137,17 @@ def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
     placeholders = graph.placeholders()
     lines = [f"def {fn_name}({', '.join(names[Ref(p)] for p in placeholders)}):"]
     dropped = _last_uses(graph, order)
+    pending_loads: set[Ref] = set()
     for nid in order:
         node = graph.node(nid)
         if node.is_placeholder:
             continue
+        for ref in node.inputs:
+            if ref in pending_loads:  # the first user waits for the copy to land (GPU)
+                lines.append(f"    ready({names[ref]})")
+                pending_loads.discard(ref)
+        if node.op == LOAD_OP:
+            pending_loads.add(Ref(nid))
         outs = [names[Ref(nid, i)] for i in range(len(node.outputs))]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
         line = f"    {target} = {_call(graph, nid, names)}"
@@ -150,7 +162,17 @@ def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
 def compile_program(graph: Graph, order: list[int], device: torch.device | str = "cpu") -> Program:
     """Generate and compile the program for `graph` in `order`, its constants on `device`."""
     source = generate(graph, order)
-    scope = {"torch": torch, "aten": torch.ops.aten, "device": torch.device(device)}
+    device = torch.device(device)
+    pool = HostPool()
+    scope = {
+        "torch": torch,
+        "aten": torch.ops.aten,
+        "device": device,
+        "store": pool.store,
+        "load": lambda host: pool.load(host, device),
+        "ready": pool.ready,
+    }
     exec(compile(source, "<magis-program>", "exec"), scope)  # noqa: S102 - our own generated code
     names = _Names(graph, order)
-    return Program(source, scope["program"], tuple(names[Ref(p)] for p in graph.placeholders()))
+    inputs = tuple(names[Ref(p)] for p in graph.placeholders())
+    return Program(source, scope["program"], inputs, pool)

@@ -34,6 +34,7 @@ class Measurement:
     resident_bytes: int
     wall_s: float  # median over repeats
     cuda_max_allocated: int | None = None
+    host_peak_bytes: int = 0  # swapped-out tensors in the host pool, beside the device figure
 
 
 def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -92,6 +93,7 @@ def measure(
     with tracker:
         out = program(*tracked_in)
     del out
+    host_peak = program.host_pool.peak_bytes
     for _ in range(warmup):
         program(*clone_all(inputs))
     wall = []
@@ -108,6 +110,7 @@ def measure(
         tracker.resident_bytes,
         statistics.median(wall),
         _cuda_peak(program, inputs),
+        host_peak,
     )
 
 

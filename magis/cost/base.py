@@ -133,6 +133,8 @@ class CostModel(abc.ABC):
         if node.is_placeholder:
             return 0.0
         info = graph.info(nid)
+        if info.copy_stream:
+            return self.transfer_time(node.outputs[0].nbytes)
         if info.is_view and not self.views_cost_time:
             return 0.0
         return self.time_of(op_key(graph, nid), info)
@@ -170,7 +172,9 @@ class CostModel(abc.ABC):
             info = infos.get(node.op)
             if info is None:
                 info = infos[node.op] = lookup(node.op)
-            if not info.is_view or self.views_cost_time:
+            if info.copy_stream:
+                times[nid] = self.transfer_time(node.outputs[0].nbytes)
+            elif not info.is_view or self.views_cost_time:
                 times[nid] = self.time_of(_key_of(node, nodes), info)
         return times
 

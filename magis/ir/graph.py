@@ -401,6 +401,7 @@ class StorageMap:
     readers: dict[Ref, list[int]]  # storage -> nodes that read any alias of it
     resident: frozenset[Ref]  # storages of placeholders
     outputs: frozenset[Ref]  # storages that are graph outputs (live until the end)
+    host: frozenset[Ref] = frozenset()  # storages in host memory (made by a Store)
 
     @staticmethod
     def build(graph: Graph) -> StorageMap:
@@ -422,7 +423,8 @@ class StorageMap:
                 readers[s].append(nid)
         resident = frozenset(base[Ref(p, 0)] for p in graph.placeholders())
         outs = frozenset(base[r] for r in graph.outputs)
-        return StorageMap(base, nbytes, readers, resident, outs)
+        host = frozenset(s for s in nbytes if graph.info(s.node).host_output)
+        return StorageMap(base, nbytes, readers, resident, outs, host)
 
     def storage_of(self, ref: Ref) -> Ref:
         return self.base[ref]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from magis.ir.tensor import TensorMeta
 
@@ -32,7 +32,8 @@ class OpInfo:
     compute_bound: bool = False  # matmul / convolution class: the roofline's FLOP side dominates
     mutates: tuple[int, ...] = ()  # argument positions written in place (schema may not say so)
     opaque: bool = False  # no entry: generic costs
-    extra: dict = field(default_factory=dict)
+    copy_stream: bool = False  # a Store or Load: a host<->device copy on the copy stream (§6.2)
+    host_output: bool = False  # the output lives in host memory (a Store), not on the device
 
 
 def tensor_metas(args: tuple) -> list[TensorMeta]:
@@ -260,7 +261,14 @@ def build_default_registry() -> OpRegistry:
         entries[name] = OpInfo(name, flops=fn, mutates=HIDDEN_MUTATIONS.get(name, ()))
     for name in POINTWISE:
         entries.setdefault(name, OpInfo(name, flops=_per_output_element(1)))
+    entries[STORE_OP] = OpInfo(STORE_OP, flops=_zero, copy_stream=True, host_output=True)
+    entries[LOAD_OP] = OpInfo(LOAD_OP, flops=_zero, copy_stream=True)
     return OpRegistry(entries)
+
+
+# Swapping (MAGIS §5.2, Fig. 8): Store copies a device tensor to host memory, Load copies it back.
+STORE_OP = "magis.store"
+LOAD_OP = "magis.load"
 
 
 POINTWISE = (

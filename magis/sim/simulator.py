@@ -7,8 +7,11 @@ included) plus the resident placeholders. The peak is max_i M_i and the memory h
 storages live at a step where the peak is reached.
 
 Latency: nodes run in schedule order on two streams, compute and copy (Store/Load, §6.2); a node
-starts when its stream is free and its inputs are ready. Without copy nodes that is the sum of
-the operator times, as in MAGIS's cost(G).
+starts when its stream is free and its inputs are ready. The host issues work in schedule order,
+so a copy cannot start before the compute op scheduled just ahead of it has started: a Load
+placed right before its user is not hidden, one placed earlier is. Without copy nodes this is
+the sum of the operator times, as in MAGIS's cost(G). Stored tensors live in host memory: they
+are not part of the device timeline, and their peak is reported as `host_peak_bytes`.
 
 Everything that depends only on the graph (storage sizes, readers, categories) is computed once
 per graph version; a simulation of a new order is a few vectorized numpy passes.
@@ -25,8 +28,6 @@ import numpy as np
 if TYPE_CHECKING:
     from magis.cost import CostModel
 from magis.ir import Graph, PlaceholderKind, Ref
-
-COPY_STREAM_OPS = frozenset({"magis.store", "magis.load"})
 
 
 class Category(enum.Enum):
@@ -74,6 +75,7 @@ class SimResult:
     breakdown: dict[str, int]  # bytes per Category at `peak_step`
     compute_s: float
     copy_s: float
+    host_peak_bytes: int = 0  # stored (swapped-out) bytes at their peak, in host memory
 
     def top_hotspots(self, k: int = 10) -> tuple[Hotspot, ...]:
         return self.hotspots[:k]
@@ -93,6 +95,8 @@ class _Tables:
     resident_bytes: int
     resident_by_category: dict[Category, int]
     id_bound: int
+    host_bytes: np.ndarray  # per-storage bytes held in host memory (0 for device storages)
+    copy_nodes: frozenset[int]
 
 
 def _tables(graph: Graph) -> _Tables:
@@ -105,6 +109,7 @@ def _build_tables(graph: Graph) -> _Tables:
     storages = tuple(s for s in smap.nbytes if s not in smap.resident)
     index = {s: i for i, s in enumerate(storages)}
     rs, rn = [], []
+    host = [s in smap.host for s in storages]
     for s in storages:
         for reader in smap.readers[s]:
             rs.append(index[s])
@@ -113,9 +118,11 @@ def _build_tables(graph: Graph) -> _Tables:
     for s in smap.resident:
         cat = _PLACEHOLDER_CATEGORY[graph.node(s.node).placeholder_kind]
         resident_by[cat] = resident_by.get(cat, 0) + smap.nbytes[s]
+    sizes = np.array([smap.nbytes[s] for s in storages], dtype=np.int64)
+    host_mask = np.array(host, dtype=bool)
     return _Tables(
         storages=storages,
-        nbytes=np.array([smap.nbytes[s] for s in storages], dtype=np.int64),
+        nbytes=np.where(host_mask, 0, sizes),
         producer=np.array([s.node for s in storages], dtype=np.int64),
         reader_storage=np.array(rs, dtype=np.int64),
         reader_node=np.array(rn, dtype=np.int64),
@@ -124,6 +131,8 @@ def _build_tables(graph: Graph) -> _Tables:
         resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
         resident_by_category=resident_by,
         id_bound=max(graph.nodes, default=-1) + 1,
+        host_bytes=np.where(host_mask, sizes, 0),
+        copy_nodes=frozenset(n for n in graph.ops() if graph.info(n).copy_stream),
     )
 
 
@@ -183,6 +192,15 @@ def memory_timeline(
     return timeline, alloc, free
 
 
+def _host_peak(t: _Tables, alloc: np.ndarray, free: np.ndarray, n: int) -> int:
+    if not t.host_bytes.any():
+        return 0
+    diff = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(diff, alloc, t.host_bytes)
+    np.add.at(diff, free + 1, -t.host_bytes)
+    return int(np.cumsum(diff[:n]).max())
+
+
 def simulate(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) -> SimResult:
     """Simulate running `graph` in `order` under `cost` (see the module docstring)."""
     t = _tables(graph)
@@ -204,6 +222,7 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) 
         breakdown=_breakdown(t, alloc, free, int(peak_steps[0])),
         compute_s=compute_s,
         copy_s=copy_s,
+        host_peak_bytes=_host_peak(t, alloc, free, len(order)),
     )
 
 
@@ -212,7 +231,7 @@ def _hotspots(graph: Graph, t: _Tables, alloc, free, peak_steps: np.ndarray) -> 
     within = idx < len(peak_steps)
     live = np.zeros(len(alloc), dtype=bool)
     live[within] = peak_steps[idx[within]] <= free[within]
-    chosen = np.flatnonzero(live)
+    chosen = np.flatnonzero(live & (t.nbytes > 0))  # stored (host) tensors hold no device memory
     chosen = chosen[np.argsort(-t.nbytes[chosen], kind="stable")]
     spots = []
     for i in chosen:
@@ -235,16 +254,19 @@ def _breakdown(t: _Tables, alloc, free, step: int) -> dict[str, int]:
 def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]:
     """(makespan, busy compute seconds, busy copy seconds) over the two streams."""
     times = cost.node_times(graph)
-    copies = [nid for nid in order if graph.node(nid).op in COPY_STREAM_OPS]
+    copies = _tables(graph).copy_nodes
     copy_s = float(sum(times[n] for n in copies))
     compute_s = float(times[np.asarray(order, dtype=np.int64)].sum()) - copy_s if order else 0.0
     if not copies:
         return compute_s, compute_s, 0.0
     finish: dict[int, float] = {}
-    stream_free = {"compute": 0.0, "copy": 0.0}
+    compute_free = copy_free = issued = 0.0
     for nid in order:
-        stream = "copy" if graph.node(nid).op in COPY_STREAM_OPS else "compute"
         ready = max((finish[p] for p in graph.predecessors(nid)), default=0.0)
-        start = max(ready, stream_free[stream])
-        finish[nid] = stream_free[stream] = start + float(times[nid])
+        if nid in copies:
+            start = max(ready, copy_free, issued)
+            finish[nid] = copy_free = start + float(times[nid])
+        else:
+            start = issued = max(ready, compute_free)
+            finish[nid] = compute_free = start + float(times[nid])
     return max(finish.values(), default=0.0), compute_s, copy_s
