@@ -1,0 +1,23 @@
+"""M-State, the search of MAGIS Alg. 3, graph hashing, the two modes, the time budget (§6.2)."""
+
+from magis.search.optimizer import (
+    Improvement,
+    SearchResult,
+    SearchStats,
+    default_rules,
+    initial_state,
+    optimize_graph,
+)
+from magis.search.state import Mode, MState, Objective
+
+__all__ = [
+    "Improvement",
+    "MState",
+    "Mode",
+    "Objective",
+    "SearchResult",
+    "SearchStats",
+    "default_rules",
+    "initial_state",
+    "optimize_graph",
+]

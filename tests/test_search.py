@@ -1,0 +1,43 @@
+"""The search (Alg. 3): it improves, stays valid, and its best plan runs and verifies."""
+
+import torch
+
+from magis.backend import compile_program, measure, verify
+from magis.capture import workload_step
+from magis.cost import get_cost_model
+from magis.search import Mode, Objective, optimize_graph
+from magis.sim import simulate
+
+
+def test_latency_limited_search_saves_memory_and_its_plan_verifies():
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    cost = get_cost_model("rtx3090")
+    base = simulate(step.graph, step.graph.program_order(), cost)
+    objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
+    result = optimize_graph(step.graph, cost, objective, time_budget=60, max_states=40)
+    best = result.best
+    assert result.stats.states_explored > 0
+    assert best.memory < base.peak_bytes and result.satisfied
+    assert best.graph.is_valid_schedule(list(best.order))
+    program = compile_program(best.graph, list(best.order))
+    inputs = step.make_inputs()
+    assert verify(step, program, inputs).verified
+    measured = measure(program, step.program_inputs(inputs), repeats=1, warmup=0)
+    assert abs(measured.peak_bytes - best.memory) <= 0.05 * measured.peak_bytes
+
+
+def test_objective_ranks_satisfying_states_first():
+    from dataclasses import dataclass
+
+    @dataclass
+    class S:
+        memory: int
+        latency: float
+
+    mem = Objective(Mode.MEMORY_LIMIT, 100)
+    assert mem.better(S(90, 2.0), S(110, 1.0))  # fits beats faster-but-too-big
+    assert mem.better(S(90, 1.0), S(50, 2.0))  # both fit: faster wins
+    assert mem.better(S(120, 5.0), S(130, 1.0))  # neither fits: smaller wins
+    lat = Objective(Mode.LATENCY_LIMIT, 1.0)
+    assert lat.better(S(100, 0.9), S(10, 1.5))
+    assert lat.better(S(50, 0.9), S(100, 0.5))
