@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -140,17 +141,104 @@ def _print_run(rep) -> None:
 def run_cmd(
     workload: str,
     hardware: HardwareOpt = "cpu",
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="Run this saved plan instead of program order.")
+    ] = None,
     json_path: JsonOpt = None,
 ) -> None:
     """Execute a :tiny or :small workload as generated code; verify it and measure its peak."""
     from magis.api import run
 
     with _progress(f"running {workload}") as progress:
-        rep = run(workload, hardware, progress=progress)
+        if plan is not None:
+            from magis.planning import run_plan
+
+            rep = run_plan(workload, plan, hardware, progress)
+        else:
+            rep = run(workload, hardware, progress=progress)
     _print_run(rep)
     _write_json(json_path, rep.to_json())
     if not rep.verified:
         raise typer.Exit(1)
+
+
+def _optimize_table(
+    workload: str, memory: float, latency: float, states: int, seconds: float
+) -> Table:
+    table = Table(title=f"optimizing {workload}", show_header=False)
+    table.add_row("best memory (vs program order)", f"{memory:.3f}")
+    table.add_row("best latency (vs program order)", f"{latency:.3f}")
+    table.add_row("improvements / elapsed", f"{states} / {seconds:.0f} s")
+    return table
+
+
+@app.command("optimize")
+def optimize_cmd(
+    workload: str,
+    mem_limit: Annotated[
+        str | None,
+        typer.Option("--mem-limit", help="Ratio of the unoptimized peak (0.4) or a size (12GiB)."),
+    ] = None,
+    lat_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--lat-limit", help="Ratio of the unoptimized latency (1.10) or a time (250ms)."
+        ),
+    ] = None,
+    time_budget: Annotated[float, typer.Option("--time-budget", help="Seconds of search.")] = 180.0,
+    hardware: HardwareOpt = "rtx3090",
+    plan_out: Annotated[
+        Path | None, typer.Option("--plan", help="Save the best plan here (JSON).")
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
+
+    Ctrl-C or the time budget stop the search; the best plan so far is kept and saved.
+    """
+    from rich.live import Live
+
+    from magis.cost import get_cost_model
+    from magis.planning import capture_workload, optimize
+    from magis.sim import simulate
+
+    with _progress(f"capturing {workload}"):
+        step = capture_workload(workload)
+        cost = get_cost_model(hardware)
+        base = simulate(step.graph, step.graph.program_order(), cost)
+    start = time.perf_counter()
+    count = [0]
+    with Live(
+        _optimize_table(workload, 1.0, 1.0, 0, 0), console=console, refresh_per_second=4
+    ) as live:
+
+        def show(imp) -> None:
+            count[0] += 1
+            elapsed = time.perf_counter() - start
+            live.update(
+                _optimize_table(
+                    workload,
+                    imp.memory / base.peak_bytes,
+                    imp.latency / base.latency_s,
+                    count[0],
+                    elapsed,
+                )
+            )
+
+        plan = optimize(
+            step,
+            mem_limit=mem_limit,
+            lat_limit=lat_limit,
+            time_budget=time_budget,
+            hardware=cost,
+            on_improvement=show,
+            workload=workload,
+        )
+    console.print()
+    console.print(plan.report())
+    if plan_out is not None:
+        console.print(f"[dim]saved plan to {plan.save(plan_out)}[/dim]")
+    _write_json(json_path, plan.info)
 
 
 @app.command("demo")

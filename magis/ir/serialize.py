@@ -123,12 +123,13 @@ def node_from_json(d: dict) -> Node:
 
 
 def graph_to_json(graph: Graph) -> dict:
-    """The whole graph, nodes in program order, with control edges and outputs."""
+    """The whole graph with control edges and outputs. Nodes go in topological order (which is
+    program order for a captured graph): a rewritten graph's old nodes may read newer ones."""
     control = sorted((b, a) for a in graph.nodes for b in graph.control_deps(a))
     return {
         "format": GRAPH_FORMAT,
         "version": GRAPH_VERSION,
-        "nodes": [node_to_json(graph.node(n)) for n in graph.program_order()],
+        "nodes": [node_to_json(graph.node(n)) for n in graph.topological_order()],
         "control": [list(edge) for edge in control],
         "outputs": [[r.node, r.index] for r in graph.outputs],
     }
