@@ -152,7 +152,31 @@ class Graph:
         nid = self._insert(node)
         for ref in inputs:
             self._dag.add_edge(self._index[ref.node], self._index[nid], "data")
+        self._order_before_writers(nid)
         return nid
+
+    def _order_before_writers(self, nid: int) -> None:
+        """A node reading the old value of a placeholder that is updated in place must run
+        before the update (a rewrite that adds such a reader inherits the constraint)."""
+        writers = self.derived("writers", self._compute_writers)
+        for ref in self._nodes[nid].inputs:
+            root = self._alias_root(ref)
+            writer = writers.get(root.node) if self._nodes[root.node].is_placeholder else None
+            if writer is None or writer == nid:
+                continue
+            # A node that already depends on the update reads the new value: leave it be.
+            if not rx.has_path(self._dag, self._index[writer], self._index[nid]):
+                self.add_control_dep(nid, writer)
+
+    def _alias_root(self, ref: Ref) -> Ref:
+        while True:
+            node = self._nodes[ref.node]
+            if node.is_placeholder or not self.registry.lookup(node.op).is_view:
+                return ref
+            ref = next(refs_in(node.args))
+
+    def _compute_writers(self) -> dict[int, int]:
+        return {n.writes_into.node: n.id for n in self._nodes.values() if n.writes_into is not None}
 
     def _insert(self, node: Node) -> int:
         self._nodes[node.id] = node
@@ -193,12 +217,15 @@ class Graph:
         self._derived.clear()
 
     def replace_uses(self, old: Ref, new: Ref, users: Iterable[int] | None = None) -> list[int]:
-        """Make `users` (default: every user of `old`) read `new` instead; return those changed.
+        """Make `users` (default: every user of `old`, and the graph's outputs) read `new`
+        instead; return the users changed.
 
         Nodes are immutable: a changed user is replaced by a copy with the same id, name and
         op, so schedules that name it stay meaningful.
         """
         self._check_ref(new)
+        if users is None and old in self._outputs:
+            self._outputs = tuple(new if r == old else r for r in self._outputs)
         targets = self.users(old.node) if users is None else list(users)
         changed = []
         for uid in targets:
@@ -211,6 +238,7 @@ class Graph:
             inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kwargs])]))
             self._nodes[uid] = replace(node, args=args, kwargs=kwargs, inputs=inputs)
             self._rewire(uid, node.inputs, inputs)
+            self._order_before_writers(uid)
             changed.append(uid)
         self._derived.clear()
         return changed

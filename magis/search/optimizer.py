@@ -22,6 +22,7 @@ from magis.ir import Graph
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, candidates
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, SWAP
+from magis.rules.taso import TASO_RULES
 from magis.schedule import incremental_schedule, schedule
 from magis.schedule.swaps import time_swaps
 from magis.search.hashing import wl_hash, wl_hash_incremental
@@ -32,7 +33,8 @@ DELTA = 1.1  # Alg. 3's relaxation coefficient
 
 
 def default_rules() -> tuple[Rule, ...]:
-    return (REMAT, DEREMAT, SWAP, DESWAP)
+    """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules."""
+    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,362 @@
+"""TASO-style substitutions that matter in training graphs (thesis ch. 3; MAGIS §5, §7.1).
+
+- Merging parallel matmuls that share an input (the QKV projections, A-Trans): k matmuls
+  `x @ W_i (+ b_i)` become one `x @ [W_1 .. W_k] (+ [b_1 .. b_k])` whose column slices feed the
+  old users; `W_i^T @ g` style matmuls sharing their *second* operand stack their first operands
+  by rows instead, and their row slices are contiguous. The dual splits such a merged matmul back.
+- Concat/split algebra: a slice that exactly covers one input of a cat is that input.
+- Distributivity: a*c + b*c = (a + b)*c, and back.
+
+Each rule is checked the TASO way (thesis §3.4): by running the rewritten program on random
+inputs and comparing with the original (tests/test_taso.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from magis.ir import Graph, Ref, TensorMeta
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+
+MM, ADDMM = "aten.mm.default", "aten.addmm.default"
+CAT, SLICE = "aten.cat.default", "aten.slice.Tensor"
+ADD, MUL = "aten.add.Tensor", "aten.mul.Tensor"
+
+
+def canonical(graph: Graph, ref: Ref) -> tuple:
+    """A key equal for values that are the same view of the same tensor (make_fx records a
+    separate `view` node for every `x.view(...)`, so parallel projections read twins)."""
+    node = graph.node(ref.node)
+    if node.is_placeholder or not graph.info(ref.node).is_view:
+        return ("value", ref.node, ref.index)
+    consts = tuple(a for a in node.args[1:])
+    return ("view", node.op, canonical(graph, node.inputs[0]), repr(consts), ref.index)
+
+
+def _operands(graph: Graph, nid: int) -> tuple[Ref | None, Ref, Ref]:
+    """(bias or None, left, right) of an mm/addmm node."""
+    node = graph.node(nid)
+    if node.op == ADDMM:
+        return node.args[0], node.args[1], node.args[2]
+    return None, node.args[0], node.args[1]
+
+
+def _addmm_is_plain(graph: Graph, nid: int) -> bool:
+    node = graph.node(nid)
+    if node.op != ADDMM:
+        return True
+    bias = graph.meta(node.args[0])
+    return (
+        len(bias.shape) == 1
+        and dict(node.kwargs).get("beta", 1) == 1
+        and dict(node.kwargs).get("alpha", 1) == 1
+    )
+
+
+def parallel_groups(ctx: RuleContext) -> Iterator[tuple[str, list[int]]]:
+    """Groups of >= 2 matmuls of one kind sharing an operand ('left': same x, merge columns;
+    'right': same second operand, merge rows), largest groups first."""
+    graph = ctx.graph
+    by_left: dict[tuple, list[int]] = defaultdict(list)
+    by_right: dict[tuple, list[int]] = defaultdict(list)
+    for nid in ctx.order:
+        node = graph.node(nid)
+        if node.op not in (MM, ADDMM) or nid in ctx.frozen or not _addmm_is_plain(graph, nid):
+            continue
+        bias, left, right = _operands(graph, nid)
+        kind = node.op
+        by_left[(kind, canonical(graph, left), graph.meta(right).shape)].append(nid)
+        if node.op == MM:
+            by_right[(kind, canonical(graph, right), graph.meta(left).shape)].append(nid)
+    groups = [("left", g) for g in by_left.values() if len(g) > 1]
+    groups += [("right", g) for g in by_right.values() if len(g) > 1]
+    groups.sort(key=lambda kg: -len(kg[1]))
+    yield from groups
+
+
+def merge_matmuls(graph: Graph, side: str, group: list[int]) -> Rewritten:
+    g = graph.copy()
+    first = g.node(group[0])
+    added: list[int] = []
+    changed: set[int] = set()
+    ops = [_operands(g, n) for n in group]
+    if side == "left":  # x @ [W_1 .. W_k]: concatenate the right operands' columns
+        dim = 1
+        shared = ops[0][1]
+        right_cat = _add_cat(g, f"{first.name}_wcat", [o[2] for o in ops], 1)
+        added.append(right_cat)
+        if first.op == ADDMM:
+            bias_cat = _add_cat(g, f"{first.name}_bcat", [o[0] for o in ops], 0)
+            added.append(bias_cat)
+            args = (Ref(bias_cat), shared, Ref(right_cat))
+        else:
+            args = (shared, Ref(right_cat))
+        width = sum(g.meta(o[2]).shape[1] for o in ops)
+        out_shape = (g.meta(shared).shape[0], width)
+    else:  # [A_1; ..; A_k] @ y: stack the left operands' rows (row slices stay contiguous)
+        dim = 0
+        shared = ops[0][2]
+        left_cat = _add_cat(g, f"{first.name}_acat", [o[1] for o in ops], 0)
+        added.append(left_cat)
+        args = (Ref(left_cat), shared)
+        out_shape = (sum(g.meta(o[1]).shape[0] for o in ops), g.meta(shared).shape[1])
+    meta = g.meta(Ref(group[0]))
+    merged = g.add_op(
+        f"{first.name}_merged",
+        first.op,
+        args,
+        dict(first.kwargs),
+        (TensorMeta(out_shape, meta.dtype, meta.itemsize),),
+    )
+    added.append(merged)
+    start = 0
+    for nid in group:
+        width = g.meta(Ref(nid)).shape[dim]
+        part = g.add_op(
+            f"{g.node(nid).name}_part",
+            SLICE,
+            (Ref(merged), dim, start, start + width),
+            outputs=(g.meta(Ref(nid)),),
+        )
+        added.append(part)
+        changed.update(g.replace_uses(Ref(nid), Ref(part)))
+        start += width
+    for nid in group:
+        g.remove_node(nid)
+    return Rewritten(g, frozenset(added), frozenset(changed - set(group)), frozenset(group))
+
+
+def _add_cat(g: Graph, name: str, parts: list[Ref], dim: int) -> int:
+    metas = [g.meta(p) for p in parts]
+    shape = list(metas[0].shape)
+    shape[dim] = sum(m.shape[dim] for m in metas)
+    out = TensorMeta(tuple(shape), metas[0].dtype, metas[0].itemsize)
+    return g.add_op(name, CAT, (list(parts), dim), outputs=(out,))
+
+
+def split_matmul(graph: Graph, merged: int) -> Rewritten:
+    """The dual: a matmul over cat'ed operands whose users are all slices of it becomes one
+    matmul per slice."""
+    g = graph.copy()
+    node = g.node(merged)
+    bias, left, right = _operands(g, merged)
+    slices = sorted(g.users(merged), key=lambda s: g.node(s).args[2])
+    dim = g.node(slices[0]).args[1]
+    cat_ref = right if dim == 1 else left
+    parts = g.node(cat_ref.node).args[0]
+    bias_parts = g.node(bias.node).args[0] if bias is not None else [None] * len(parts)
+    added, changed = [], set()
+    for s, part, b in zip(slices, parts, bias_parts, strict=True):
+        if dim == 1:
+            args = (b, left, part) if bias is not None else (left, part)
+        else:
+            args = (part, right)
+        one = g.add_op(f"{g.node(s).name}_mm", node.op, args, dict(node.kwargs), (g.meta(Ref(s)),))
+        added.append(one)
+        changed.update(g.replace_uses(Ref(s), Ref(one)))
+    removed = set(slices) | {merged}
+    for s in slices:
+        g.remove_node(s)
+    g.remove_node(merged)
+    for cat in {cat_ref.node, *([bias.node] if bias is not None else [])}:
+        if not g.users(cat):
+            g.remove_node(cat)
+            removed.add(cat)
+    return Rewritten(g, frozenset(added), frozenset(changed - removed), frozenset(removed))
+
+
+def _is_merged_matmul(graph: Graph, nid: int) -> bool:
+    node = graph.node(nid)
+    if node.op not in (MM, ADDMM):
+        return False
+    users = graph.users(nid)
+    if not users or any(graph.node(u).op != SLICE for u in users):
+        return False
+    dim = graph.node(users[0]).args[1]
+    if any(graph.node(u).args[1] != dim for u in users):
+        return False
+    bias, left, right = _operands(graph, nid)
+    cat_ref = right if dim == 1 else left
+    cat = graph.node(cat_ref.node)
+    if cat.op != CAT or cat.args[1] != (1 if dim == 1 else 0) or len(cat.args[0]) != len(users):
+        return False
+    if dim == 0 and node.op == ADDMM:
+        return False
+    if bias is not None and graph.node(bias.node).op != CAT:
+        return False
+    widths = [graph.meta(p).shape[dim] for p in cat.args[0]]
+    bounds = sorted((graph.node(u).args[2], graph.node(u).args[3]) for u in users)
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return bounds == [(s, s + w) for s, w in zip(starts, widths, strict=True)]
+
+
+def _match_merge(ctx: RuleContext) -> Iterator[Rewrite]:
+    for side, group in parallel_groups(ctx):
+        names = ", ".join(ctx.graph.node(n).name for n in group)
+        yield Rewrite(
+            "merge_matmul",
+            RuleKind.TASO,
+            f"merge parallel matmuls {names}",
+            lambda s=side, g=group: merge_matmuls(ctx.graph, s, g),
+        )
+
+
+def _match_split(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in ctx.order:
+        if nid not in ctx.frozen and _is_merged_matmul(ctx.graph, nid):
+            yield Rewrite(
+                "split_matmul",
+                RuleKind.TASO,
+                f"split {ctx.graph.node(nid).name}",
+                lambda n=nid: split_matmul(ctx.graph, n),
+            )
+
+
+def slice_of_cat(graph: Graph, nid: int) -> Ref | None:
+    """The cat input a slice covers exactly, or None (concat/split algebra)."""
+    node = graph.node(nid)
+    if node.op != SLICE or len(node.args) < 4:
+        return None
+    src = graph.node(node.args[0].node)
+    if src.op != CAT or node.args[1] != (src.args[1] if len(src.args) > 1 else 0):
+        return None
+    step = node.args[4] if len(node.args) > 4 else 1
+    dim, start, end = node.args[1], node.args[2], node.args[3]
+    offset = 0
+    for part in src.args[0]:
+        width = graph.meta(part).shape[dim]
+        if (start, end, step) == (offset, offset + width, 1):
+            return part
+        offset += width
+    return None
+
+
+def fold_slice_of_cat(graph: Graph, nid: int) -> Rewritten:
+    g = graph.copy()
+    part = slice_of_cat(g, nid)
+    changed = set(g.replace_uses(Ref(nid), part))
+    g.remove_node(nid)
+    return Rewritten(g, frozenset(), frozenset(changed), frozenset({nid}))
+
+
+def _match_fold(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in ctx.order:
+        if nid not in ctx.frozen and slice_of_cat(ctx.graph, nid) is not None:
+            yield Rewrite(
+                "fold_slice_of_cat",
+                RuleKind.TASO,
+                f"fold {ctx.graph.node(nid).name}",
+                lambda n=nid: fold_slice_of_cat(ctx.graph, n),
+            )
+
+
+def _distributable(graph: Graph, nid: int) -> tuple[Ref, Ref, Ref] | None:
+    """(a, b, c) when `nid` is a*c + b*c with both products used only here and alpha 1."""
+    node = graph.node(nid)
+    if node.op != ADD or dict(node.kwargs).get("alpha", 1) != 1 or len(node.args) != 2:
+        return None
+    left, right = node.args
+    if not isinstance(left, Ref) or not isinstance(right, Ref) or left.node == right.node:
+        return None
+    lhs, rhs = graph.node(left.node), graph.node(right.node)
+    if (
+        lhs.op != MUL
+        or rhs.op != MUL
+        or graph.users(left.node) != [nid]
+        or graph.users(right.node) != [nid]
+    ):
+        return None
+    if not all(isinstance(a, Ref) for a in (*lhs.args, *rhs.args)):
+        return None
+    for a, c in ((lhs.args[0], lhs.args[1]), (lhs.args[1], lhs.args[0])):
+        for b, c2 in ((rhs.args[0], rhs.args[1]), (rhs.args[1], rhs.args[0])):
+            same_shapes = graph.meta(a) == graph.meta(b) == graph.node(nid).outputs[0]
+            if c == c2 and same_shapes:
+                return a, b, c
+    return None
+
+
+def factor(graph: Graph, nid: int) -> Rewritten:
+    """a*c + b*c -> (a + b)*c."""
+    g = graph.copy()
+    a, b, c = _distributable(g, nid)
+    out = g.node(nid).outputs[0]
+    total = g.add_op(f"{g.node(nid).name}_sum", ADD, (a, b), outputs=(out,))
+    product = g.add_op(f"{g.node(nid).name}_factored", MUL, (Ref(total), c), outputs=(out,))
+    changed = set(g.replace_uses(Ref(nid), Ref(product)))
+    muls = [r.node for r in g.node(nid).inputs]
+    g.remove_node(nid)
+    for m in muls:
+        g.remove_node(m)
+    return Rewritten(g, frozenset({total, product}), frozenset(changed), frozenset({nid, *muls}))
+
+
+def _expandable(graph: Graph, nid: int) -> tuple[Ref, Ref, Ref] | None:
+    """(a, b, c) when `nid` is (a + b)*c with the sum used only here."""
+    node = graph.node(nid)
+    if node.op != MUL or len(node.args) != 2 or not all(isinstance(x, Ref) for x in node.args):
+        return None
+    for s, c in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+        total = graph.node(s.node)
+        if (
+            total.op == ADD
+            and graph.users(s.node) == [nid]
+            and dict(total.kwargs).get("alpha", 1) == 1
+        ):
+            a, b = total.args[0], total.args[1]
+            if (
+                isinstance(a, Ref)
+                and isinstance(b, Ref)
+                and graph.meta(a) == graph.meta(b) == node.outputs[0]
+            ):
+                return a, b, c
+    return None
+
+
+def expand(graph: Graph, nid: int) -> Rewritten:
+    """(a + b)*c -> a*c + b*c."""
+    g = graph.copy()
+    a, b, c = _expandable(g, nid)
+    out = g.node(nid).outputs[0]
+    name = g.node(nid).name
+    ac = g.add_op(f"{name}_l", MUL, (a, c), outputs=(out,))
+    bc = g.add_op(f"{name}_r", MUL, (b, c), outputs=(out,))
+    total = g.add_op(f"{name}_expanded", ADD, (Ref(ac), Ref(bc)), outputs=(out,))
+    changed = set(g.replace_uses(Ref(nid), Ref(total)))
+    old_sum = next(
+        r.node for r in g.node(nid).inputs if g.node(r.node).op == ADD and g.users(r.node) == [nid]
+    )
+    g.remove_node(nid)
+    g.remove_node(old_sum)
+    return Rewritten(g, frozenset({ac, bc, total}), frozenset(changed), frozenset({nid, old_sum}))
+
+
+def _match_factor(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in ctx.order:
+        if nid not in ctx.frozen and _distributable(ctx.graph, nid) is not None:
+            yield Rewrite(
+                "factor",
+                RuleKind.TASO,
+                f"factor {ctx.graph.node(nid).name}",
+                lambda n=nid: factor(ctx.graph, n),
+            )
+
+
+def _match_expand(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in ctx.order:
+        if nid not in ctx.frozen and _expandable(ctx.graph, nid) is not None:
+            yield Rewrite(
+                "expand",
+                RuleKind.TASO,
+                f"expand {ctx.graph.node(nid).name}",
+                lambda n=nid: expand(ctx.graph, n),
+            )
+
+
+MERGE_MATMUL = Rule("merge_matmul", RuleKind.TASO, _match_merge)
+SPLIT_MATMUL = Rule("split_matmul", RuleKind.TASO, _match_split)
+FOLD_SLICE_OF_CAT = Rule("fold_slice_of_cat", RuleKind.TASO, _match_fold)
+FACTOR = Rule("factor", RuleKind.TASO, _match_factor)
+EXPAND = Rule("expand", RuleKind.TASO, _match_expand)
+TASO_RULES = (MERGE_MATMUL, SPLIT_MATMUL, FOLD_SLICE_OF_CAT, FACTOR, EXPAND)
