@@ -316,8 +316,13 @@ class Graph:
         return self.registry.lookup(self._nodes[nid].op)
 
     def users(self, nid: int) -> list[int]:
-        """Nodes that consume an output of `nid` (data edges), in id order."""
-        return self.derived("users", self._compute_users).get(nid, [])
+        """Nodes that consume an output of `nid` (data edges), in id order.
+
+        Read off the rustworkx successors (a control edge is not a use), so a rewrite that
+        mutates the graph many times never pays for a whole-graph recount."""
+        succ = (self._dag[i] for i in self._dag.successor_indices(self._index[nid]))
+        nodes = self._nodes
+        return sorted(s for s in succ if any(r.node == nid for r in nodes[s].inputs))
 
     def control_deps(self, nid: int) -> frozenset[int]:
         return frozenset(self._control.get(nid, ()))
@@ -361,13 +366,6 @@ class Graph:
         if key not in self._derived:
             self._derived[key] = compute()
         return self._derived[key]
-
-    def _compute_users(self) -> dict[int, list[int]]:
-        users: dict[int, list[int]] = {}
-        for node in self._nodes.values():
-            for src in dict.fromkeys(r.node for r in node.inputs):
-                users.setdefault(src, []).append(node.id)
-        return users
 
     def _compute_topo(self) -> list[int]:
         rank = {nid: i for i, nid in enumerate(self._nodes)}
