@@ -431,11 +431,23 @@ class StorageMap:
 
     @staticmethod
     def build(graph: Graph) -> StorageMap:
+        # Any topological order will do (a view's base is known before the view): rustworkx's
+        # plain sort is C-speed, unlike the program-order-stable one. This runs once per
+        # graph version, thousands of times in a search.
+        dag = graph.dag
+        order = [dag[i] for i in rx.topological_sort(dag)]
+        nodes = graph.nodes
+        lookup = graph.registry.lookup
         base: dict[Ref, Ref] = {}
         nbytes: dict[Ref, int] = {}
-        for nid in graph.topological_order():
-            node = graph.node(nid)
-            aliased = _aliased_input(graph, node)
+        host: set[Ref] = set()
+        readers: dict[Ref, list[int]] = {}
+        for nid in order:
+            node = nodes[nid]
+            info = None if node.is_placeholder else lookup(node.op)
+            aliased = _aliased_input(node, info)
+            for s in {base[r] for r in node.inputs}:
+                readers[s].append(nid)
             for i, meta in enumerate(node.outputs):
                 ref = Ref(nid, i)
                 if aliased is not None:
@@ -443,14 +455,12 @@ class StorageMap:
                 else:
                     base[ref] = ref
                     nbytes[ref] = meta.nbytes
-        readers: dict[Ref, list[int]] = {s: [] for s in nbytes}
-        for nid in graph.topological_order():
-            for s in dict.fromkeys(base[r] for r in graph.node(nid).inputs):
-                readers[s].append(nid)
+                    readers[ref] = []
+                    if info is not None and info.host_output:
+                        host.add(ref)
         resident = frozenset(base[Ref(p, 0)] for p in graph.placeholders())
         outs = frozenset(base[r] for r in graph.outputs)
-        host = frozenset(s for s in nbytes if graph.info(s.node).host_output)
-        return StorageMap(base, nbytes, readers, resident, outs, host)
+        return StorageMap(base, nbytes, readers, resident, outs, frozenset(host))
 
     def storage_of(self, ref: Ref) -> Ref:
         return self.base[ref]
@@ -462,11 +472,10 @@ class StorageMap:
         ]
 
 
-def _aliased_input(graph: Graph, node: Node) -> Ref | None:
+def _aliased_input(node: Node, info: OpInfo | None) -> Ref | None:
     """The input whose storage the node's outputs share, or None when they allocate."""
     if node.writes_into is not None:
         return node.writes_into
-    if node.is_placeholder or not graph.info(node.id).is_view:
+    if info is None or not info.is_view:
         return None
-    first = next(refs_in(node.args), None)
-    return first
+    return next(refs_in(node.args), None)
