@@ -99,6 +99,10 @@ class CacheInfo:
 class _Memo:
     times: dict[OpKey | str, float] = field(default_factory=dict)
     computed: int = 0
+    # node id -> (the Node object timed, seconds). Nodes are immutable and a rewrite replaces
+    # the node objects it changes, so an identical object means an identical time: the search's
+    # thousands of graph versions share almost all of theirs.
+    by_node: dict[int, tuple[object, float]] = field(default_factory=dict)
 
 
 class CostModel(abc.ABC):
@@ -166,8 +170,13 @@ class CostModel(abc.ABC):
         lookup = graph.registry.lookup
         infos: dict[str, OpInfo] = {}
         times = np.zeros(max(nodes, default=-1) + 1)
+        by_node = self._memo.by_node
         for nid, node in nodes.items():
             if node.is_placeholder:
+                continue
+            seen = by_node.get(nid)
+            if seen is not None and seen[0] is node:
+                times[nid] = seen[1]
                 continue
             info = infos.get(node.op)
             if info is None:
@@ -176,6 +185,7 @@ class CostModel(abc.ABC):
                 times[nid] = self.transfer_time(node.outputs[0].nbytes)
             elif not info.is_view or self.views_cost_time:
                 times[nid] = self.time_of(_key_of(node, nodes), info)
+            by_node[nid] = (node, float(times[nid]))
         return times
 
     def total_time(self, graph: Graph) -> float:
