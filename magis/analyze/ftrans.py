@@ -1,0 +1,237 @@
+"""The fission transformation f = (S, D, n) (MAGIS §4.2): validity and the roles of S's boundary.
+
+An F-Trans is kept as `FTrans(split, n)`: `split` pairs every node of S with the axis of its call
+that D runs along (the vertices of D', one per node: the paper's "no redundant computation"), and
+`n` is the fission number (1: a candidate, not applied). `check(graph, f)` decides whether f is
+valid on a graph version and, if so, what splitting means at S's boundary:
+
+- an input u of S is *sliced* along dimension d for a reader in S whose call runs that dimension
+  of u along its split axis, and *shared* otherwise (§4.2: "if there exists i > 0 with <u, i> in
+  D, u is sliced for each split part, otherwise shared"); slicing is decided per reader, so one
+  tensor may be sliced for one reader and shared by another (mm(a, a));
+- an output v of S (read outside S, or a graph output) is *concatenated* along the dimension that
+  is its split axis, or *summed* when the split axis is a reduce axis of v's call that the call
+  sums over (§4.2: "otherwise reducing them").
+
+Validity (§4.2's three constraints, plus what executing the split needs):
+
+1. G[S] is weakly connected;
+2. G[S] is convex: no node outside S is both a descendant and an ancestor of S;
+3. no redundant computation: every node of S has its split axis, and along every edge (u, v)
+   inside S the dimension u passes to v is the one both are split along (a D-edge);
+and: every output of S can be merged (concatenated or summed; a summed value is not read inside
+S), summed outputs are floating point, and the fission number divides the *length* — the gcd of
+the lengths of the split axes and of the sliced input dimensions (a reshape [N, T] -> [N*T] joins
+dimensions of different lengths).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+from math import gcd
+
+import numpy as np
+import rustworkx as rx
+
+from magis.analyze.dgraph import dgraph, node_dims, slot_refs
+from magis.ir import Graph, Ref
+
+
+class InputKind(enum.Enum):
+    SLICED = "sliced"
+    SHARED = "shared"
+
+
+class OutputKind(enum.Enum):
+    CONCAT = "concat"
+    SUM = "sum"
+
+
+@dataclass(frozen=True, order=True)
+class FTrans:
+    """f = (S, D', n): `split` is ((node, axis), ...) sorted by node, the vertices of D'."""
+
+    split: tuple[tuple[int, int], ...]
+    n: int = 1
+
+    @cached_property
+    def nodes(self) -> frozenset[int]:
+        return frozenset(v for v, _ in self.split)
+
+    def axis_of(self) -> dict[int, int]:
+        return dict(self.split)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Why an F-Trans is not valid on this graph (for messages and tests)."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class OutputMerge:
+    kind: OutputKind
+    dim: int | None  # the concatenation dimension
+
+
+@dataclass(frozen=True)
+class FTransInfo:
+    """What a valid F-Trans means on one graph version (§4.2's classification of S's boundary)."""
+
+    ftrans: FTrans
+    length: int  # every fission number must divide it
+    slices: dict[tuple[int, int], int]  # (reader in S, argument slot) -> dim of the sliced input
+    inputs: dict[Ref, InputKind]  # values S reads from outside
+    outputs: dict[Ref, OutputMerge]  # values of S read outside S or returned
+
+    def __bool__(self) -> bool:
+        return True
+
+    def divisors(self) -> list[int]:
+        """The fission numbers this F-Trans admits (> 1), ascending."""
+        return [d for d in range(2, self.length + 1) if self.length % d == 0]
+
+
+def check(graph: Graph, f: FTrans) -> FTransInfo | Rejected:
+    """Validate f on `graph` and classify S's inputs and outputs (see the module docstring)."""
+    axis_of = f.axis_of()
+    if not axis_of:
+        return Rejected("S is empty")
+    dims = node_dims(graph)
+    dg = dgraph(graph)
+    for v, a in f.split:
+        if v not in graph or graph.node(v).is_placeholder:
+            return Rejected(f"node {v} is not an op of this graph")
+        if dg.vertex(v, a) is None:
+            return Rejected(f"{graph.node(v).name} cannot be split along axis {a}")
+    lengths = [dims[v].lengths[a] for v, a in f.split]
+    slices, inputs, reason = _inputs(graph, axis_of, lengths)
+    if reason:
+        return Rejected(reason)
+    outputs = _outputs(graph, axis_of)
+    if isinstance(outputs, Rejected):
+        return outputs
+    for why in (_connected(graph, axis_of), _convex(graph, axis_of)):
+        if why:
+            return Rejected(why)
+    length = 0
+    for x in lengths:
+        length = gcd(length, x)
+    if length < 2:
+        return Rejected(f"the split dimensions have no common divisor > 1 (gcd {length})")
+    if f.n > 1 and length % f.n:
+        return Rejected(f"n = {f.n} does not divide the dimension length {length}")
+    return FTransInfo(f, length, slices, inputs, outputs)
+
+
+def _inputs(graph: Graph, axis_of: dict[int, int], lengths: list[int]):
+    """Check the D-edges inside S; classify what S reads from outside (sliced or shared)."""
+    dims = node_dims(graph)
+    slices: dict[tuple[int, int], int] = {}
+    kinds: dict[Ref, InputKind] = {}
+    for v, a in axis_of.items():
+        dv = dims[v]
+        for j, ref in enumerate(slot_refs(graph, v)):
+            if ref.node in axis_of:
+                du = dims[ref.node]
+                d = du.output_dim(ref.index, axis_of[ref.node])
+                if d is None:
+                    name = graph.node(ref.node).name
+                    return {}, {}, f"{name}'s output {ref.index} is read inside S but is partial"
+                if dv.inputs[j][d] != a:
+                    u, w = graph.node(ref.node).name, graph.node(v).name
+                    return {}, {}, f"no D-edge from {u} to {w}: they are split along unrelated dims"
+                continue
+            d = dv.input_dim(j, a)
+            if d is None:
+                kinds.setdefault(ref, InputKind.SHARED)
+                continue
+            slices[(v, j)] = d
+            kinds[ref] = InputKind.SLICED
+            lengths.append(graph.meta(ref).shape[d])
+    return slices, kinds, ""
+
+
+def _outputs(graph: Graph, axis_of: dict[int, int]) -> dict[Ref, OutputMerge] | Rejected:
+    """Values of S read outside S or returned, and how their parts merge."""
+    dims = node_dims(graph)
+    needed: set[Ref] = {r for r in graph.outputs if r.node in axis_of}
+    for v in axis_of:
+        for user in graph.users(v):
+            if user not in axis_of:
+                needed.update(r for r in graph.node(user).inputs if r.node == v)
+    merges: dict[Ref, OutputMerge] = {}
+    for ref in sorted(needed):
+        a = axis_of[ref.node]
+        d = dims[ref.node].output_dim(ref.index, a)
+        name = graph.node(ref.node).name
+        if d is not None:
+            merges[ref] = OutputMerge(OutputKind.CONCAT, d)
+        elif (ref.index, a) in dims[ref.node].sums:
+            if not graph.meta(ref).torch_dtype.is_floating_point:
+                return Rejected(f"{name}'s output {ref.index} would be summed but is not floating")
+            merges[ref] = OutputMerge(OutputKind.SUM, None)
+        else:
+            return Rejected(f"{name}'s output {ref.index} is needed outside S but cannot be merged")
+    return merges
+
+
+def _connected(graph: Graph, axis_of: dict[int, int]) -> str:
+    if len(axis_of) == 1:
+        return ""
+    idx = [graph.rx_index(v) for v in axis_of]
+    if rx.is_weakly_connected(graph.dag.subgraph(idx)):
+        return ""
+    return "G[S] is not weakly connected"
+
+
+def _convex(graph: Graph, axis_of: dict[int, int]) -> str:
+    """No path leaves S and comes back (§4.2 (2)): walk forward from S's outside successors, in
+    topological order, up to the last node of S."""
+    pos = _topo_pos(graph)
+    last = max(pos[v] for v in axis_of)
+    frontier = [w for v in axis_of for w in graph.successors(v) if w not in axis_of]
+    seen: set[int] = set()
+    while frontier:
+        w = frontier.pop()
+        if w in seen or pos[w] > last:
+            continue
+        seen.add(w)
+        for x in graph.successors(w):
+            if x in axis_of:
+                return f"not convex: {graph.node(w).name} is between parts of S"
+            frontier.append(x)
+    return ""
+
+
+def _topo_pos(graph: Graph) -> dict[int, int]:
+    return graph.derived(
+        "fission.topo_pos", lambda: {n: i for i, n in enumerate(graph.topological_order())}
+    )
+
+
+def split_of_component(graph: Graph, nodes, component: int) -> FTrans | Rejected:
+    """The F-Trans splitting `nodes` along D-Graph component `component`: each node must have
+    exactly one vertex in it (§4.2 (3), no redundant computation)."""
+    dg = dgraph(graph)
+    dims = node_dims(graph)
+    split = []
+    for v in sorted(nodes):
+        d = dims.get(v)
+        axes = [] if d is None else [a for a in d.splittable if dg.component_of(v, a) == component]
+        if len(axes) != 1:
+            what = "no" if not axes else "several"
+            return Rejected(f"{graph.node(v).name} has {what} vertices in the dimension")
+        split.append((v, axes[0]))
+    return FTrans(tuple(split))
+
+
+def component_vertices(graph: Graph, component: int) -> np.ndarray:
+    dg = dgraph(graph)
+    return np.flatnonzero(dg.component == component)

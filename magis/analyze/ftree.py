@@ -1,0 +1,289 @@
+"""The fission hierarchy tree (MAGIS §4.3): memory heat (Eq. 3), score (Eq. 4), Algorithm 1.
+
+For each connected component D of the D-Graph, Algorithm 1 takes the sub-graph G' of the nodes D
+runs through, its dominator tree T, and scores every node v by the peak-memory reduction expected
+from splitting the sub-graph v dominates into n = 2 parts:
+
+    heat(v)  = sum of |w| over hot-spots w in T.des(v)                              (Eq. 3)
+    score(v) = (1 - 1/n) heat(v) - sum of |u| over u in G.inps(T.des(v)) \\ H        (Eq. 4)
+
+It cuts [0, 1] into L intervals of normalized score s[v] / s_max and, in each, takes the nodes with
+no descendant in the same interval as dominators v_dom; S = T.des(v_dom) \\ {v_dom} split along
+D restricted to S is a candidate, kept when valid (§4.2, `magis.analyze.ftrans`). Candidates nest
+(a dominator subtree inside another): the F-Tree's parent of a node is the smallest other
+candidate whose S contains its S.
+
+Decisions, in bytes throughout:
+
+- hot-spots H are storages (§2.1 "tensors"; MAGIS counts storages, so do we), live at the peak of
+  the given schedule (`magis.sim.simulate`); a storage counts toward heat(v) when the node that
+  allocates it is in T.des(v) (T.des(v) includes v, as the worked example of Fig. 6 requires:
+  heat of the entry 12 = its own hot-spot + 11 below it);
+- the input term counts each storage once, and not when it is resident (weights, optimizer
+  state, data: in memory before and after the split, so splitting does not add them — footnote
+  3's weight inputs cost nothing) or already hot;
+- S leaves out placeholders (only a virtual entry's subtree has any: they are inputs, sliced or
+  shared, never split);
+- a candidate is kept when valid and the score's n divides its length: Eq. 4 estimates the
+  reduction for that n, and the mutation rules start from it (ViT's 197 tokens are prime);
+- the F-Tree lists the candidates of every component, each node with its score and level (the
+  interval index i), all with n = 1 (disabled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from magis.analyze.dgraph import dgraph, node_dims
+from magis.analyze.dominators import VIRTUAL, DomTree, dominator_tree
+from magis.analyze.ftrans import FTrans, Rejected, check, split_of_component
+from magis.ir import Graph, Ref
+
+DEFAULT_MAX_LEVEL = 4
+
+
+def memory_hotspots(graph: Graph, order: list[int] | None = None) -> frozenset[Ref]:
+    """H (§2.1): the storages live at a step where the peak is reached, under `order`."""
+    from magis.cost import UnitCostModel  # memory does not depend on the cost model
+    from magis.sim import simulate
+
+    order = graph.program_order() if order is None else order
+    return frozenset(h.storage for h in simulate(graph, order, UnitCostModel()).hotspots)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Eq. 3 and Eq. 4 for every node of one dominator tree (indexed like `tree.nodes`)."""
+
+    tree: DomTree
+    heat: np.ndarray
+    inputs: np.ndarray  # the subtracted input term of Eq. 4
+    score: np.ndarray
+
+    def of(self, node: int) -> tuple[float, float]:
+        i = self.tree.position()[node]
+        return float(self.heat[i]), float(self.score[i])
+
+
+def get_scores(graph: Graph, tree: DomTree, hot: frozenset[Ref], n: int = 2) -> Scores:
+    """heat (Eq. 3) and score (Eq. 4) of every node of `tree` with fission number n."""
+    pos = tree.position()
+    own = np.zeros(tree.size, dtype=np.float64)
+    smap = graph.storages()
+    for s in hot:
+        i = pos.get(s.node)
+        if i is not None:
+            own[i] += smap.nbytes[s]
+    heat = tree.subtree_sums(own)
+    inputs = tree.subtree_sums(_input_weights(graph, tree, pos, hot))
+    return Scores(tree, heat, inputs, (1 - 1 / n) * heat - inputs)
+
+
+def _input_weights(graph: Graph, tree: DomTree, pos: dict[int, int], hot) -> np.ndarray:
+    """Point weights whose subtree sums are Eq. 4's input term.
+
+    A storage u costs |u| at v when some node of T.des(v) reads it and its producer p is not in
+    T.des(v). With P = readers in the tree ∪ {p}, in preorder, +|u| at each of P and -|u| at the
+    LCA of each consecutive pair sums, over a subtree, to [subtree meets P]; a further -|u| at p
+    removes the subtrees containing p.
+    """
+    smap = graph.storages()
+    points: list[int] = []
+    weights: list[float] = []
+    pairs_a: list[int] = []
+    pairs_b: list[int] = []
+    pair_w: list[float] = []
+    touched = {smap.storage_of(r) for v in tree.nodes if v != VIRTUAL for r in graph.node(v).inputs}
+    for s in sorted(touched):
+        if s in smap.resident or s in hot:
+            continue
+        size = float(smap.nbytes[s])
+        readers = sorted({pos[r] for r in smap.readers[s] if r in pos})
+        if not readers:
+            continue
+        p = pos.get(s.node)
+        members = sorted(set(readers) | ({p} if p is not None else set()))
+        points.extend(members)
+        weights.extend([size] * len(members))
+        pairs_a.extend(members[:-1])
+        pairs_b.extend(members[1:])
+        pair_w.extend([-size] * (len(members) - 1))
+        if p is not None:
+            points.append(p)
+            weights.append(-size)
+    w = np.zeros(tree.size, dtype=np.float64)
+    np.add.at(w, np.array(points, dtype=np.int64), np.array(weights))
+    if pairs_a:
+        lcas = tree.lca(np.array(pairs_a, dtype=np.int64), np.array(pairs_b, dtype=np.int64))
+        np.add.at(w, lcas, np.array(pair_w))
+    return w
+
+
+@dataclass(frozen=True)
+class FTreeNode:
+    """A tree-node f = (S, D, n): a candidate (n = 1, disabled) or an applied F-Trans (n > 1)."""
+
+    ftrans: FTrans
+    length: int  # n must divide it
+    parent: int | None
+    component: int  # the D-Graph component D
+    dim: str  # a readable name for D: its first vertex, e.g. "input0[0]"
+    dominator: int  # v_dom (VIRTUAL for the virtual entry)
+    level: int  # the score interval i of Alg. 1 (1..L)
+    score: float  # Eq. 4, bytes
+    heat: float  # Eq. 3, bytes
+
+    @property
+    def n(self) -> int:
+        return self.ftrans.n
+
+    @property
+    def enabled(self) -> bool:
+        return self.ftrans.n > 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ftrans.split)
+
+    def divisors(self) -> list[int]:
+        return [d for d in range(2, self.length + 1) if self.length % d == 0]
+
+
+@dataclass(frozen=True)
+class FTree:
+    """The fission hierarchy tree (a forest): nodes, parents by S inclusion."""
+
+    nodes: tuple[FTreeNode, ...]
+    rejected: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (v_dom, why)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def children(self, i: int) -> list[int]:
+        return [j for j, x in enumerate(self.nodes) if x.parent == i]
+
+    def ancestors(self, i: int) -> Iterator[int]:
+        p = self.nodes[i].parent
+        while p is not None:
+            yield p
+            p = self.nodes[p].parent
+
+    def descendants(self, i: int) -> Iterator[int]:
+        for c in self.children(i):
+            yield c
+            yield from self.descendants(c)
+
+    def enabled(self) -> list[int]:
+        return [i for i, x in enumerate(self.nodes) if x.enabled]
+
+    def with_n(self, i: int, n: int) -> FTree:
+        """A new tree with node i's fission number set to n (1 disables it)."""
+        node = self.nodes[i]
+        new = replace(node, ftrans=replace(node.ftrans, n=n))
+        return replace(self, nodes=(*self.nodes[:i], new, *self.nodes[i + 1 :]))
+
+    def preorder(self) -> list[int]:
+        """Parents before children (the order enabled nodes are applied in)."""
+        out: list[int] = []
+        for r in [i for i, x in enumerate(self.nodes) if x.parent is None]:
+            out.append(r)
+            out.extend(self.descendants(r))
+        return out
+
+
+def build_ftree(
+    graph: Graph,
+    max_level: int = DEFAULT_MAX_LEVEL,
+    n: int = 2,
+    hotspots: Iterable[Ref] | None = None,
+    order: list[int] | None = None,
+) -> FTree:
+    """Algorithm 1: the F-Tree of `graph` with max-level L = `max_level`.
+
+    `hotspots` are H (default: the storages live at the peak of `order`, program order by
+    default); `n` is the fission number the score assumes (the paper's n = 2).
+    """
+    hot = frozenset(hotspots) if hotspots is not None else memory_hotspots(graph, order)
+    hot_nodes = {s.node for s in hot}
+    dg = dgraph(graph)
+    found: list[FTreeNode] = []
+    rejected: list[tuple[str, str]] = []
+    for c, verts in enumerate(dg.components()):
+        nodes = sorted({int(v) for v in dg.vertex_node[verts]})
+        if not hot_nodes.intersection(nodes):
+            continue  # heat 0 everywhere: s_max <= 0 (line 8)
+        label = _dim_label(graph, dg, int(verts[0]))
+        found.extend(_candidates(graph, c, nodes, hot, max_level, n, label, rejected))
+    return FTree(_nest(found), tuple(rejected))
+
+
+def _candidates(graph, c, nodes, hot, max_level, n, label, rejected) -> list[FTreeNode]:
+    """Lines 4-15 of Algorithm 1 for one component."""
+    tree = dominator_tree(graph, nodes)
+    sc = get_scores(graph, tree, hot, n)
+    s_max = float(sc.score.max()) if tree.size else 0.0
+    if s_max <= 0:
+        return []
+    out = []
+    for i in range(1, max_level + 1):
+        band = (sc.score / s_max >= i / max_level) & (sc.score / s_max < (i + 1) / max_level)
+        for t in _lowest(tree, band):
+            dom = int(tree.nodes[t])
+            S = [int(v) for v in tree.nodes[t + 1 : tree.tout[t] + 1]]
+            S = [v for v in S if not graph.node(v).is_placeholder]  # inputs are never split
+            if not S:
+                continue
+            f = split_of_component(graph, S, c)
+            info = check(graph, f) if not isinstance(f, Rejected) else f
+            if not isinstance(info, Rejected) and info.length % n:
+                info = Rejected(f"the score's n = {n} does not divide the length {info.length}")
+            if isinstance(info, Rejected):
+                rejected.append((_name(graph, dom), info.reason))
+                continue
+            out.append(
+                FTreeNode(
+                    f, info.length, None, c, label, dom, i, float(sc.score[t]), float(sc.heat[t])
+                )
+            )
+    return out
+
+
+def _lowest(tree: DomTree, band: np.ndarray) -> list[int]:
+    """Line 11: the nodes in the band with no descendant in the band (T.des(v) ∩ V = ∅)."""
+    cs = np.concatenate([[0], np.cumsum(band)])
+    idx = np.flatnonzero(band)
+    inside = cs[tree.tout[idx] + 1] - cs[idx + 1]  # band members strictly below
+    return [int(i) for i in idx[inside == 0]]
+
+
+def _nest(found: list[FTreeNode]) -> tuple[FTreeNode, ...]:
+    """Parent of each node: the smallest other node whose S contains its S (ties: the earlier)."""
+    sets = [x.ftrans.nodes for x in found]
+    out = []
+    for i, x in enumerate(found):
+        best = None
+        for j in range(len(found)):
+            if j == i or not sets[i] <= sets[j]:
+                continue
+            if len(sets[i]) == len(sets[j]) and j > i:
+                continue  # equal S: the earlier one is the parent, never both ways
+            if best is None or len(sets[j]) < len(sets[best]):
+                best = j
+        out.append(replace(x, parent=best))
+    return tuple(out)
+
+
+def _name(graph: Graph, node: int) -> str:
+    return "<entry>" if node == VIRTUAL else graph.node(node).name
+
+
+def _dim_label(graph: Graph, dg, vertex: int) -> str:
+    """'input0[0]' for a dimension whose first vertex is dim 0 of input0; reduce axes of ops as
+    'mm[r2]' (axis 2, a reduce axis)."""
+    node, axis = int(dg.vertex_node[vertex]), int(dg.vertex_axis[vertex])
+    dims = node_dims(graph)[node]
+    d = dims.output_dim(0, axis) if dims.outputs else None
+    return f"{graph.node(node).name}[{d if d is not None else f'r{axis}'}]"

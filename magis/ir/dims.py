@@ -1,0 +1,870 @@
+"""Dimension rules: which input dimension of an op call is which output dimension (MAGIS §4.1).
+
+An op call iterates over *axes*. Every output dimension is an axis (a spatial axis); an axis that
+appears in no output is a reduce axis (mm's k). A rule says, for one call, which axis each output
+dimension is and which axis each dimension of each tensor argument runs along — or that it runs
+along none (the argument is read whole in that dimension: a broadcast, a normalized dimension, the
+window of a convolution). These correspondences are the edges of the D-Graph (`magis.analyze.dgraph`).
+
+What splitting along an axis means (MAGIS §4.2) is decided here too:
+
+- an axis is *splittable* when the call can compute 1/n of it from 1/n slices of the arguments
+  that run along it, the others whole: every axis some argument runs along, plus the axes a rule
+  declares `generated` (expand, zeros, new_ones ...: the output is made smaller by a shape argument);
+- when an axis is split, an output containing it is concatenated from the parts; an output in
+  `sums` is the sum of the parts (mm's k, the batch of a weight gradient); any other output is
+  *blocked*: the parts cannot be merged, so the call may not be split along that axis while that
+  output is used.
+
+Axes are not declared when splitting would change the result: the normalized dimensions of layer
+norm, the softmax dimension, the window dimensions of convolution and pooling (the paper's
+footnote 2: "we do not consider spatial-axis with sliding-window"), and the batch of batch norm in
+training (the statistics reduce over it non-linearly). A reduce axis is only declared when the op
+is linear in the reduced values (sum, mm, the weight gradient of a convolution); mean, amax and
+the mean-reduced losses are not split along what they reduce.
+
+Rules are keyed by the op's base name ('aten.mm.default' -> 'mm') and receive the call's
+arguments with every tensor replaced by its TensorMeta (`Graph.meta_args`) and its output metas.
+An op without a rule is opaque to fission: fission stops there (DESIGN principle 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from magis.ir.ops import _base_name, tensor_metas
+from magis.ir.tensor import TensorMeta
+
+Axis = int
+DimMap = tuple[Axis | None, ...]  # one entry per dimension of a tensor
+
+
+@dataclass(frozen=True, slots=True)
+class OpDims:
+    """The dimension correspondences of one op call.
+
+    `lengths[a]` is the length of axis a; `outputs[k][d]` is the axis of dimension d of output k
+    (None: not an axis this call can be split along); `inputs[j][d]` the axis that dimension d of
+    tensor argument j runs along (arguments numbered in the order `tensor_metas` flattens the
+    positional arguments, then the keyword arguments). `shape_args` lists (argument position,
+    output index) pairs where a positional argument spells an output's shape: it is rewritten
+    when the output shrinks (view sizes, expand sizes, bias_sizes ...).
+    """
+
+    lengths: tuple[int, ...]
+    outputs: tuple[DimMap, ...]
+    inputs: tuple[DimMap, ...]
+    sums: frozenset[tuple[int, Axis]] = frozenset()
+    generated: frozenset[Axis] = frozenset()
+    shape_args: tuple[tuple[int, int], ...] = ()
+    splittable: frozenset[Axis] = field(init=False)
+
+    def __post_init__(self) -> None:
+        fed = {a for dims in self.inputs for a in dims if a is not None}
+        object.__setattr__(self, "splittable", frozenset(fed | set(self.generated)))
+
+    def is_reduce(self, axis: Axis) -> bool:
+        """A reduce axis appears in no output (MAGIS §4.1: the vertex <v, -j>)."""
+        return not any(axis in dims for dims in self.outputs)
+
+    def output_dim(self, k: int, axis: Axis) -> int | None:
+        dims = self.outputs[k]
+        return dims.index(axis) if axis in dims else None
+
+    def input_dim(self, j: int, axis: Axis) -> int | None:
+        dims = self.inputs[j]
+        return dims.index(axis) if axis in dims else None
+
+
+Rule = Callable[[tuple, dict, tuple[TensorMeta, ...]], OpDims | None]
+
+
+class _Builder:
+    """Assembles an OpDims: axes are numbered output dims first (output 0, then 1 ...), then the
+    reduce axes, so an axis index stays the same when a split shrinks the shapes."""
+
+    def __init__(self, outs: tuple[TensorMeta, ...], ins: list[TensorMeta]) -> None:
+        self.lengths: list[int] = []
+        self.outputs = [[None] * len(o.shape) for o in outs]
+        self.inputs: list[list[Axis | None]] = []
+        self._ins = ins
+        self.outs = outs
+        self.sums: set[tuple[int, Axis]] = set()
+        self.generated: set[Axis] = set()
+
+    def axis(self, length: int) -> Axis:
+        self.lengths.append(int(length))
+        return len(self.lengths) - 1
+
+    def out_axes(self, k: int = 0) -> list[Axis]:
+        """A new axis for every dimension of output k."""
+        axes = [self.axis(s) for s in self.outs[k].shape]
+        self.outputs[k] = list(axes)
+        return axes
+
+    def bind_out(self, k: int, d: int, axis: Axis) -> None:
+        self.outputs[k][d] = axis
+
+    def input(self, dims: list[Axis | None]) -> None:
+        self.inputs.append(list(dims))
+
+    def build(self, shape_args: tuple[tuple[int, int], ...] = ()) -> OpDims:
+        while len(self.inputs) < len(self._ins):  # arguments read whole in every dim
+            self.inputs.append([None] * len(self._ins[len(self.inputs)].shape))
+        return OpDims(
+            tuple(self.lengths),
+            tuple(tuple(d) for d in self.outputs),
+            tuple(tuple(d) for d in self.inputs),
+            frozenset(self.sums),
+            frozenset(self.generated),
+            shape_args,
+        )
+
+
+def _ins(args: tuple, kwargs: dict) -> list[TensorMeta]:
+    """The call's tensor arguments in slot order: positional ones flattened, then keywords."""
+    return tensor_metas(args) + tensor_metas(tuple(kwargs.values()))
+
+
+def _norm(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+def _aligned(b: _Builder, t: TensorMeta, out_axes: list[Axis], out: TensorMeta) -> list:
+    """Broadcasting: t's dims aligned to the output's from the right; a dim runs along the
+    output's axis when the sizes agree (a size-1 dim broadcast against a longer one does not)."""
+    off = len(out.shape) - len(t.shape)
+    return [
+        out_axes[d + off] if off + d >= 0 and t.shape[d] == out.shape[d + off] else None
+        for d in range(len(t.shape))
+    ]
+
+
+# --- pointwise and friends ---------------------------------------------------------------------
+
+
+def pointwise(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+    """Elementwise ops with broadcasting: every output dim is an axis, inputs aligned right."""
+    ins = _ins(args, kwargs)
+    if not outs:
+        return None
+    b = _Builder(outs, ins)
+    axes = b.out_axes(0)
+    for t in ins:
+        b.input(_aligned(b, t, axes, outs[0]))
+    for k in range(1, len(outs)):  # e.g. multi-output elementwise: same shape, same axes
+        if outs[k].shape == outs[0].shape:
+            b.outputs[k] = list(axes)
+    return b.build()
+
+
+def _creation(shape_pos: int | None) -> Rule:
+    """zeros, ones, full, empty, new_zeros ...: no data inputs; every axis is generated by the
+    shape argument, which is rewritten when a part is smaller."""
+
+    def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+        ins = _ins(args, kwargs)
+        b = _Builder(outs, ins)
+        axes = b.out_axes(0)
+        b.generated.update(axes)
+        if shape_pos is None:  # *_like: the input has the output's shape
+            for t in ins:
+                b.input(_aligned(b, t, axes, outs[0]))
+            return b.build()
+        return b.build(((shape_pos, 0),))
+
+    return rule
+
+
+def expand(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """expand(x, size): broadcast dims and new leading dims are generated by the size argument."""
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    b.input(_aligned(b, args[0], axes, outs[0]))
+    b.generated.update(axes)
+    return b.build(((1, 0),))
+
+
+def _all_but(
+    dims_of: Callable[[tuple, TensorMeta], set[int]], shape_arg: int | None = None
+) -> Rule:
+    """Ops whose output has the shape of argument 0 and whose listed dims are not splittable
+    (softmax's dim, cumsum's dim, the window dims of pooling); other tensor args of the same rank
+    (grad, indices) run along the same axes."""
+
+    def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+        ins = _ins(args, kwargs)
+        b = _Builder(outs, ins)
+        axes = b.out_axes(0)
+        fixed = dims_of(args, outs[0])
+        dims = [None if d in fixed else a for d, a in enumerate(axes)]
+        b.outputs[0] = dims
+        for k in range(1, len(outs)):
+            if outs[k].shape == outs[0].shape:
+                b.outputs[k] = list(dims)
+        for t in ins:
+            same = len(t.shape) == len(outs[0].shape)
+            b.input(
+                [
+                    dims[d] if same and t.shape[d] == outs[0].shape[d] else None
+                    for d in range(len(t.shape))
+                ]
+            )
+        return b.build(((shape_arg, 0),) if shape_arg is not None else ())
+
+    return rule
+
+
+def _dim_arg(pos: int) -> Callable[[tuple, TensorMeta], set[int]]:
+    return lambda args, out: {_norm(args[pos], len(out.shape))}
+
+
+def _last_n(n: int) -> Callable[[tuple, TensorMeta], set[int]]:
+    return lambda args, out: set(range(len(out.shape) - n, len(out.shape)))
+
+
+# --- matmuls -----------------------------------------------------------------------------------
+
+
+def mm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """c[m, n] = sum_k a[m, k] b[k, n]: m and n spatial, k a reduce axis whose parts are summed
+    (MAGIS §4.1's worked example)."""
+    a = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    m, n = b.out_axes(0)
+    k = b.axis(a.shape[1])
+    b.input([m, k])
+    b.input([k, n])
+    b.sums.add((0, k))
+    return b.build()
+
+
+def addmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """bias + a @ b: k is not split (each part would add the bias again)."""
+    bias = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    m, n = b.out_axes(0)
+    b.input(_aligned(b, bias, [m, n], outs[0]))
+    b.input([m, None])
+    b.input([None, n])
+    return b.build()
+
+
+def bmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    a = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    bt, m, n = b.out_axes(0)
+    k = b.axis(a.shape[2])
+    b.input([bt, m, k])
+    b.input([bt, k, n])
+    b.sums.add((0, k))
+    return b.build()
+
+
+# --- convolution -------------------------------------------------------------------------------
+
+
+def convolution(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """out[N, Cout, *S'] = sum_{Cin, window} x[N, Cin, *S] w[Cout, Cin, *K] (+ bias[Cout]).
+
+    N and Cout are spatial axes; Cin is a reduce axis when groups == 1 and there is no bias (the
+    bias would be added by every part); the window dims are not split (footnote 2).
+    """
+    x, w, bias = args[0], args[1], args[2]
+    transposed = bool(args[6]) if len(args) > 6 else False
+    groups = args[8] if len(args) > 8 else 1
+    b = _Builder(outs, _ins(args, kwargs))
+    out_axes = b.out_axes(0)
+    n_ax, cout = out_axes[0], out_axes[1]
+    b.outputs[0] = [n_ax, cout] + [None] * (len(out_axes) - 2)
+    spatial = [None] * (len(x.shape) - 2)
+    if transposed or groups != 1:
+        b.outputs[0] = [n_ax] + [None] * (len(out_axes) - 1)
+        b.input([n_ax, None, *spatial])
+        b.input([None] * len(w.shape))
+        if isinstance(bias, TensorMeta):
+            b.input([None])
+        return b.build()
+    cin = b.axis(x.shape[1]) if bias is None else None
+    if cin is not None:
+        b.sums.add((0, cin))
+    b.input([n_ax, cin, *spatial])
+    b.input([cout, cin, *([None] * (len(w.shape) - 2))])
+    if isinstance(bias, TensorMeta):
+        b.input([cout])
+    return b.build()
+
+
+def convolution_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(grad_input, grad_weight, grad_bias) of a convolution (groups == 1, not transposed).
+
+    N: grad_output, input and grad_input run along it; grad_weight and grad_bias sum over it.
+    Cin: input, weight, grad_input, grad_weight; grad_bias does not depend on it (blocked).
+    Cout: grad_output, weight, grad_weight, grad_bias (bias_sizes rewritten); grad_input sums
+    over it.
+    """
+    gy, x, w = args[0], args[1], args[2]
+    transposed, groups = bool(args[7]), args[9]
+    b = _Builder(outs, _ins(args, kwargs))
+    n_ax = b.axis(x.shape[0])
+    sp_gy = [None] * (len(gy.shape) - 2)
+    sp_x = [None] * (len(x.shape) - 2)
+    kernel = [None] * (len(w.shape) - 2)
+    has = [o.numel > 0 for o in outs]
+    if transposed or groups != 1:
+        b.input([n_ax, None, *sp_gy])
+        b.input([n_ax, None, *sp_x])
+        b.input([None] * len(w.shape))
+        b.outputs[0] = [n_ax, None, *sp_x] if has[0] else [None] * len(outs[0].shape)
+        b.sums.update({(1, n_ax), (2, n_ax)})
+        return b.build()
+    cin, cout = b.axis(x.shape[1]), b.axis(gy.shape[1])
+    b.input([n_ax, cout, *sp_gy])
+    b.input([n_ax, cin, *sp_x])
+    b.input([cout, cin, *kernel])
+    if has[0]:
+        b.outputs[0] = [n_ax, cin, *sp_x]
+    if has[1]:
+        b.outputs[1] = [cout, cin, *kernel]
+    if has[2]:
+        b.outputs[2] = [cout]
+    b.sums.update({(0, cout), (1, n_ax), (2, n_ax)})
+    return b.build(((3, 2),) if has[2] else ())
+
+
+# --- normalization -----------------------------------------------------------------------------
+
+
+def native_layer_norm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(out, mean, rstd): the leading dims are axes of all three; the normalized dims are not."""
+    x, normalized = args[0], args[1]
+    lead = len(x.shape) - len(normalized)
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [b.axis(s) for s in x.shape[:lead]]
+    b.outputs[0] = axes + [None] * len(normalized)
+    for k in (1, 2):
+        if len(outs) > k:
+            b.outputs[k] = axes + [None] * (len(outs[k].shape) - lead)
+    b.input(axes + [None] * len(normalized))
+    for t in tensor_metas(args[2:]):
+        b.input([None] * len(t.shape))
+    return b.build()
+
+
+def native_layer_norm_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(grad_input, grad_weight, grad_bias): leading dims run through grad_out, input, mean,
+    rstd and grad_input; grad_weight and grad_bias sum over them."""
+    x, normalized, mean, rstd = args[1], args[2], args[3], args[4]
+    lead = len(x.shape) - len(normalized)
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [b.axis(s) for s in x.shape[:lead]]
+    full = axes + [None] * len(normalized)
+    b.outputs[0] = list(full) if outs[0].numel else [None] * len(outs[0].shape)
+    b.input(full)
+    b.input(full)
+    b.input(axes + [None] * (len(mean.shape) - lead))
+    b.input(axes + [None] * (len(rstd.shape) - lead))
+    for t in tensor_metas(args[5:]):
+        b.input([None] * len(t.shape))
+    for k in (1, 2):
+        if len(outs) > k:
+            b.sums.update((k, a) for a in axes)
+    return b.build()
+
+
+def native_batch_norm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(out, save_mean, save_invstd). Channels are independent: C runs through x, weight, bias,
+    the running statistics and every output. In training the statistics reduce over N and the
+    spatial dims non-linearly, so those are not axes; in eval, N and spatial dims are."""
+    x = args[0]
+    training = bool(args[5])
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    c = axes[1]
+    if training:
+        b.outputs[0] = [None, c] + [None] * (len(axes) - 2)
+        b.input([None, c] + [None] * (len(axes) - 2))
+    else:
+        b.input(list(axes))
+    for k in (1, 2):
+        if len(outs) > k and len(outs[k].shape) == 1 and outs[k].shape[0] == x.shape[1]:
+            b.outputs[k] = [c]
+    for t in tensor_metas(args[1:5]):
+        b.input([c] if len(t.shape) == 1 and t.shape[0] == x.shape[1] else [None] * len(t.shape))
+    return b.build()
+
+
+def native_batch_norm_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(grad_input, grad_weight, grad_bias): per channel. N and the spatial dims are reduced
+    non-linearly in training and are not split (eval-mode backward is treated alike: it does not
+    appear in training steps)."""
+    x = args[1]
+    b = _Builder(outs, _ins(args, kwargs))
+    c = b.axis(x.shape[1])
+    rest = [None] * (len(x.shape) - 2)
+    full = [None, c, *rest]
+    b.input(full)
+    b.input(full)
+    for t in tensor_metas(args[2:7]):
+        b.input([c] if len(t.shape) == 1 and t.shape[0] == x.shape[1] else [None] * len(t.shape))
+    if outs[0].numel:
+        b.outputs[0] = full
+    for k in (1, 2):
+        if len(outs) > k and outs[k].numel:
+            b.outputs[k] = [c]
+    return b.build()
+
+
+# --- reductions --------------------------------------------------------------------------------
+
+
+def _reduced_dims(args: tuple, x: TensorMeta) -> set[int]:
+    dims = args[1] if len(args) > 1 else None
+    if dims is None or dims == []:
+        return set(range(len(x.shape)))
+    if isinstance(dims, int):
+        dims = [dims]
+    return {_norm(d, len(x.shape)) for d in dims}
+
+
+def _reduction(linear: bool) -> Rule:
+    """sum (linear: the reduced dims are reduce axes, parts summed) or mean/amax (the reduced
+    dims are read whole); kept dims are axes of the output."""
+
+    def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+        x = args[0]
+        keepdim = bool(args[2]) if len(args) > 2 else bool(kwargs.get("keepdim", False))
+        reduced = _reduced_dims(args, x)
+        b = _Builder(outs, _ins(args, kwargs))
+        out_dims: list[Axis | None] = []
+        in_dims: list[Axis | None] = []
+        kept = [d for d in range(len(x.shape)) if d not in reduced]
+        kept_axes = {d: b.axis(x.shape[d]) for d in kept}
+        for d in range(len(x.shape)):
+            if d in kept_axes:
+                out_dims.append(kept_axes[d])
+                in_dims.append(kept_axes[d])
+            else:
+                if keepdim:
+                    out_dims.append(None)
+                if linear:
+                    r = b.axis(x.shape[d])
+                    b.sums.add((0, r))
+                    in_dims.append(r)
+                else:
+                    in_dims.append(None)
+        b.outputs[0] = (
+            out_dims if len(out_dims) == len(outs[0].shape) else [None] * len(outs[0].shape)
+        )
+        b.input(in_dims)
+        return b.build()
+
+    return rule
+
+
+# --- views -------------------------------------------------------------------------------------
+
+
+def _groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Pair up runs of dims with equal products (size-1 dims left out): a reshape maps each run
+    of `src` onto the matching run of `dst`."""
+    s = [d for d, n in enumerate(src) if n != 1]
+    t = [d for d, n in enumerate(dst) if n != 1]
+    groups, i, j = [], 0, 0
+    while i < len(s) and j < len(t):
+        gs, gt = [s[i]], [t[j]]
+        ps, pt = src[s[i]], dst[t[j]]
+        i, j = i + 1, j + 1
+        while ps != pt:
+            if ps < pt:
+                gs.append(s[i])
+                ps *= src[s[i]]
+                i += 1
+            else:
+                gt.append(t[j])
+                pt *= dst[t[j]]
+                j += 1
+        groups.append((gs, gt))
+    return groups
+
+
+def view(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """view/reshape: within a group of factors (e.g. [N, T] <-> [N*T]) only the leading dims
+    correspond: n contiguous blocks of N*T rows are n contiguous blocks of N. The lengths of the
+    two dims differ; a split must divide both (the F-Trans length is their gcd)."""
+    x = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    in_dims: list[Axis | None] = [None] * len(x.shape)
+    for gs, gt in _groups(tuple(x.shape), tuple(outs[0].shape)):
+        in_dims[gs[0]] = axes[gt[0]]
+    b.input(in_dims)
+    return b.build(((1, 0),))
+
+
+def permute(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    x, perm = args[0], [_norm(p, len(args[0].shape)) for p in args[1]]
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    in_dims: list[Axis | None] = [None] * len(x.shape)
+    for d_out, d_in in enumerate(perm):
+        in_dims[d_in] = axes[d_out]
+    b.input(in_dims)
+    return b.build()
+
+
+def transpose(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    x = args[0]
+    nd = len(x.shape)
+    perm = list(range(nd))
+    if len(args) > 2:
+        d0, d1 = _norm(args[1], nd), _norm(args[2], nd)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    elif nd == 2:  # t
+        perm = [1, 0]
+    return permute((x, perm), kwargs, outs)
+
+
+def unsqueeze(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    d = _norm(args[1], len(outs[0].shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    b.input([a for i, a in enumerate(axes) if i != d])
+    return b.build()
+
+
+def squeeze(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    x = args[0]
+    nd = len(x.shape)
+    if len(args) < 2:
+        gone = {d for d in range(nd) if x.shape[d] == 1}
+    else:
+        ds = args[1] if isinstance(args[1], list | tuple) else [args[1]]
+        gone = {_norm(d, nd) for d in ds if x.shape[_norm(d, nd)] == 1}
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = iter(b.out_axes(0))
+    b.input([None if d in gone else next(axes) for d in range(nd)])
+    return b.build()
+
+
+def cat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """cat(tensors, dim): every other dim runs through all inputs; the cat dim is not split."""
+    ins = tensor_metas(args)
+    out = outs[0]
+    dim = _norm(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(out.shape))
+    b = _Builder(outs, ins)
+    axes = b.out_axes(0)
+    axes[dim] = None
+    b.outputs[0] = list(axes)
+    for t in ins:
+        if len(t.shape) != len(out.shape):  # legacy empty tensors
+            b.input([None] * len(t.shape))
+        else:
+            b.input([a if t.shape[d] == out.shape[d] else None for d, a in enumerate(axes)])
+    return b.build()
+
+
+def split(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """split / split_with_sizes(x, sizes, dim): the other dims run through every output."""
+    x = args[0]
+    dim = _norm(args[2] if len(args) > 2 else kwargs.get("dim", 0), len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [None if d == dim else b.axis(s) for d, s in enumerate(x.shape)]
+    for k in range(len(outs)):
+        b.outputs[k] = list(axes)
+    b.input(list(axes))
+    return b.build()
+
+
+def slice_(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """slice(x, dim, start, end, step): the sliced dim is not split unless the slice is whole."""
+    x = args[0]
+    dim = _norm(args[1] if len(args) > 1 else 0, len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    whole = outs[0].shape[dim] == x.shape[dim]
+    in_dims = [a if (d != dim or whole) else None for d, a in enumerate(axes)]
+    if not whole:
+        b.outputs[0][dim] = None
+    b.input(in_dims)
+    return b.build()
+
+
+def select(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    x, dim = args[0], _norm(args[1], len(args[0].shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = iter(b.out_axes(0))
+    b.input([None if d == dim else next(axes) for d in range(len(x.shape))])
+    return b.build()
+
+
+def _scatter_back(dim_pos: int) -> Rule:
+    """select_backward / slice_backward(grad, input_sizes, dim, ...): the output has the input's
+    shape (input_sizes, rewritten), grad runs along every dim but `dim`."""
+
+    def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+        g = args[0]
+        out = outs[0]
+        dim = _norm(args[dim_pos], len(out.shape))
+        b = _Builder(outs, _ins(args, kwargs))
+        axes = b.out_axes(0)
+        b.outputs[0][dim] = None
+        others = [a for d, a in enumerate(axes) if d != dim]
+        if len(g.shape) == len(out.shape):  # slice_backward keeps the dim
+            b.input([None if d == dim else a for d, a in enumerate(axes)])
+        else:
+            b.input(others)
+        return b.build(((1, 0),))
+
+    return rule
+
+
+# --- embeddings, losses, pooling ---------------------------------------------------------------
+
+
+def embedding(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """out[*idx, C] = weight[idx[*], C]: index dims and C are axes; the table's rows are not."""
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    b.input([None, axes[-1]])
+    b.input(axes[:-1])
+    return b.build()
+
+
+def embedding_dense_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """grad_weight[V, C] = scatter-add of grad[*idx, C] by idx: the index dims are reduce axes
+    (parts summed) unless gradients are scaled by frequency (counts over all indices)."""
+    g, idx = args[0], args[1]
+    scale_by_freq = bool(args[4]) if len(args) > 4 else False
+    b = _Builder(outs, _ins(args, kwargs))
+    v_ax, c = b.out_axes(0)
+    b.outputs[0] = [None, c]
+    if scale_by_freq:
+        b.input([None] * (len(g.shape) - 1) + [c])
+        b.input([None] * len(idx.shape))
+        return b.build()
+    red = [b.axis(s) for s in idx.shape]
+    b.sums.update((0, r) for r in red)
+    b.input(red + [c])
+    b.input(list(red))
+    return b.build()
+
+
+def _nll(spatial: bool, backward: bool) -> Rule:
+    """nll_loss(2d) forward and backward. Batch (and, for 2d, H and W) run along the input, the
+    target and, in backward, grad_input. Forward: reduction 'none' keeps them in the output;
+    'sum' makes them reduce axes (loss and total_weight both summed); 'mean' divides by the total
+    weight of the whole batch: not split. Backward: grad_output (a scalar unless 'none') and
+    total_weight are shared by the parts."""
+
+    def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+        off = 1 if backward else 0
+        x = args[off]
+        reduction = args[off + 3]
+        nd = len(x.shape)
+        b = _Builder(outs, _ins(args, kwargs))
+        if nd == 1:  # a single sample: nothing to split
+            return None
+        batch_x = [0, 2, 3] if spatial else [0]
+        if backward:
+            axes = b.out_axes(0)
+            bax = [axes[d] for d in batch_x]
+            b.outputs[0] = [a if d in batch_x else None for d, a in enumerate(axes)]
+            gy = args[0]
+            b.input(
+                list(bax)
+                if reduction == 0 and len(gy.shape) == len(bax)
+                else [None] * len(gy.shape)
+            )
+        else:
+            if reduction == 1:
+                return None
+            bax = [b.axis(x.shape[d]) for d in batch_x]
+            if reduction == 0:
+                b.outputs[0] = list(bax)
+            else:
+                b.sums.update((k, a) for k in range(len(outs)) for a in bax)
+        b.input([bax[batch_x.index(d)] if d in batch_x else None for d in range(nd)])
+        b.input(list(bax))
+        for t in tensor_metas(args[off + 2 :]):
+            b.input([None] * len(t.shape))
+        return b.build()
+
+    return rule
+
+
+def max_pool2d_with_indices(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(values, indices): N and C are axes; the window dims are not (footnote 2)."""
+    x = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    lead = len(x.shape) - 2
+    dims = axes[:lead] + [None, None]
+    b.outputs[0] = list(dims)
+    if len(outs) > 1:
+        b.outputs[1] = list(dims)
+    b.input(list(dims))
+    return b.build()
+
+
+def _pool_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """max_pool2d_with_indices_backward, avg_pool2d_backward, upsample_*_backward,
+    _adaptive_avg_pool2d_backward: N and C run through every tensor argument and the output."""
+    ins = tensor_metas(args)
+    b = _Builder(outs, ins)
+    axes = b.out_axes(0)
+    lead = len(outs[0].shape) - 2
+    dims = axes[:lead] + [None, None]
+    b.outputs[0] = list(dims)
+    for t in ins:
+        ok = len(t.shape) == len(outs[0].shape)
+        b.input(
+            [
+                dims[d] if ok and d < lead and t.shape[d] == outs[0].shape[d] else None
+                for d in range(len(t.shape))
+            ]
+        )
+    return b.build()
+
+
+def _upsample_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """upsample_*2d_backward(grad, output_size, input_size, ...): input_size is the output's
+    shape (rewritten when a part is smaller)."""
+    dims = _pool_backward(args, kwargs, outs)
+    return OpDims(dims.lengths, dims.outputs, dims.inputs, shape_args=((2, 0),))
+
+
+def _window(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """Forward pooling and upsampling: N and C only."""
+    return _pool_backward(args, kwargs, outs)
+
+
+def constant_pad_nd(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    x, pad = args[0], args[1]
+    nd = len(x.shape)
+    padded = {nd - 1 - i // 2 for i, p in enumerate(pad) if p}
+    return _all_but(lambda a, o: padded)(args, kwargs, outs)
+
+
+def gather(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """gather(x, dim, index): out has index's shape; dims other than `dim` run through x (where
+    its size agrees), index and out."""
+    x = args[0]
+    dim = _norm(args[1], len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    axes[dim] = None
+    b.outputs[0] = list(axes)
+    b.input([a if x.shape[d] == outs[0].shape[d] else None for d, a in enumerate(axes)])
+    b.input(list(axes))
+    return b.build()
+
+
+def native_dropout(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> None:
+    """Random ops have no rule: splitting would change the order of the RNG draws, so fission
+    stops at them (their outputs enter a region as sliced inputs)."""
+    return None
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+POINTWISE_OPS = (
+    "add", "sub", "mul", "div", "neg", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "pow",
+    "relu", "sigmoid", "tanh", "gelu", "silu", "erf", "abs", "sign", "reciprocal", "square",
+    "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "fill",
+    "lt", "gt", "le", "ge", "eq", "ne", "logical_not", "logical_and", "logical_or",
+    "bitwise_not", "bitwise_and", "bitwise_or", "clone", "_to_copy", "alias", "detach",
+    "lift_fresh_copy", "threshold_backward", "gelu_backward", "silu_backward", "tanh_backward",
+    "sigmoid_backward", "native_dropout_backward", "hardtanh", "hardtanh_backward", "leaky_relu",
+    "leaky_relu_backward", "addcmul", "addcdiv", "lerp", "round", "floor", "ceil", "sin", "cos",
+    "threshold", "elu", "elu_backward", "softplus", "softplus_backward", "mish",
+    "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "relu6",
+)  # fmt: skip
+
+DIM_RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        **dict.fromkeys(POINTWISE_OPS, pointwise),
+        **dict.fromkeys(("zeros_like", "ones_like", "empty_like", "full_like"), _creation(None)),
+        **dict.fromkeys(("zeros", "ones", "empty", "full"), _creation(0)),
+        **dict.fromkeys(("new_zeros", "new_ones", "new_empty", "new_full"), _creation(1)),
+        "expand": expand,
+        "mm": mm,
+        "addmm": addmm,
+        "bmm": bmm,
+        "convolution": convolution,
+        "convolution_backward": convolution_backward,
+        "native_layer_norm": native_layer_norm,
+        "native_layer_norm_backward": native_layer_norm_backward,
+        "native_batch_norm": native_batch_norm,
+        "native_batch_norm_backward": native_batch_norm_backward,
+        "_softmax": _all_but(_dim_arg(1)),
+        "_log_softmax": _all_but(_dim_arg(1)),
+        "_softmax_backward_data": _all_but(_dim_arg(2)),
+        "_log_softmax_backward_data": _all_but(_dim_arg(2)),
+        "cumsum": _all_but(_dim_arg(1)),
+        "triu": _all_but(_last_n(2)),
+        "tril": _all_but(_last_n(2)),
+        "sum": _reduction(linear=True),
+        "mean": _reduction(linear=False),
+        "amax": _reduction(linear=False),
+        "amin": _reduction(linear=False),
+        **dict.fromkeys(("view", "_unsafe_view", "reshape", "_reshape_alias"), view),
+        "permute": permute,
+        "transpose": transpose,
+        "t": transpose,
+        "unsqueeze": unsqueeze,
+        "squeeze": squeeze,
+        "cat": cat,
+        "split": split,
+        "split_with_sizes": split,
+        "slice": slice_,
+        "select": select,
+        "select_backward": _scatter_back(2),
+        "slice_backward": _scatter_back(2),
+        "embedding": embedding,
+        "embedding_dense_backward": embedding_dense_backward,
+        "nll_loss_forward": _nll(spatial=False, backward=False),
+        "nll_loss_backward": _nll(spatial=False, backward=True),
+        "nll_loss2d_forward": _nll(spatial=True, backward=False),
+        "nll_loss2d_backward": _nll(spatial=True, backward=True),
+        "max_pool2d_with_indices": max_pool2d_with_indices,
+        "max_pool2d_with_indices_backward": _pool_backward,
+        "avg_pool2d": _window,
+        "avg_pool2d_backward": _pool_backward,
+        "_adaptive_avg_pool2d": _window,
+        "_adaptive_avg_pool2d_backward": _pool_backward,
+        "upsample_bilinear2d": _window,
+        "upsample_nearest2d": _window,
+        "upsample_bilinear2d_backward": _upsample_backward,
+        "upsample_nearest2d_backward": _upsample_backward,
+        "constant_pad_nd": constant_pad_nd,
+        "gather": gather,
+        "native_dropout": native_dropout,
+    }
+)
+
+
+def dims_rule(op: str) -> Rule | None:
+    """The dimension rule for an ATen overload name, or None (opaque to fission)."""
+    return DIM_RULES.get(_base_name(op))
+
+
+def placeholder_dims(meta: TensorMeta) -> OpDims:
+    """A graph input: every dimension is an axis (slicing an input is a view)."""
+    n = len(meta.shape)
+    return OpDims(tuple(meta.shape), (tuple(range(n)),), (), generated=frozenset(range(n)))
+
+
+def op_dims(op: str, args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+    """The rule's answer for one call (None: no rule, or the rule declines)."""
+    rule = dims_rule(op)
+    if rule is None or not outs:
+        return None
+    return rule(args, kwargs, outs)
+
+
+def split_shape(shape: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
+    """`shape` with dimension `dim` divided by n (the shape of one part)."""
+    return tuple(s // n if d == dim else s for d, s in enumerate(shape))

@@ -1,0 +1,579 @@
+"""F-Trans as a graph rewrite, the rewrites that prepare for it, and the F-Tree mutation rules.
+
+An enabled F-Tree node (n > 1) is *materialized*: the sub-graph S is copied n times with 1/n
+shapes, one copy after the other (the hierarchical schedule of MAGIS §4.3 written out), so the
+simulator, code generation, execution and verification work on the result unchanged and measure
+it honestly. For each part i (MAGIS §4.2, Fig. 5 (c)):
+
+- every sliced input is `aten.slice.Tensor`d along its dimension (a view: no memory), once per
+  part, where the part first reads it; shared inputs are read whole;
+- S's nodes are copied in schedule order with their outputs' split dimension divided by n and
+  their shape arguments rewritten (view sizes, expand sizes ...: `OpDims.shape_args`);
+- a summed output is accumulated with `aten.add.Tensor` right after each part, so at most the
+  running sum and one part are alive; a concatenated output is `aten.cat`ed after the last part
+  (all n parts and the result are alive together at that moment: 2|v| for an instant, the price of
+  merging without in-place writes).
+
+Where the block goes: S is contracted to one node and the graph is sorted topologically by the
+original positions (the block takes the position of S's first node), so every other node keeps
+its relative order unless a dependency forces it past the block; random ops are chained in their
+original order, so the RNG draws happen in the same order (random ops are never inside S: they
+have no dimension rule). A contraction that would need to reorder them is rejected.
+
+Nested enabled nodes are applied parents first; a child is applied to each of its parent's part
+copies in turn.
+
+`prepare` rewrites a captured graph so that a split may cross the loss (interim transformations,
+MAGIS §2.2: algebraic identities that open opportunities for others):
+
+- `ones_like(loss)` (the seed of the backward pass) and the other `*_like` creations become
+  `ones(shape)`: they read only the shape, and the false data dependency would make every
+  forward+backward region non-convex;
+- `nll_loss_forward(x, t, reduction=mean)` becomes `nll_loss_forward(x, t, reduction=sum) /
+  total_weight` with the total weight computed from the targets alone (`sum(t != ignore_index)`),
+  so the loss of a batch slice is a partial sum and the backward reads the whole batch's total
+  weight. Only without class weights (the workloads have none).
+
+The F-Tree mutation rules of §5.1 (Fig. 7) are data — `FTreeRule(name, match, apply)` — and
+`candidates` yields lazy `(description, thunk)` pairs, built only when the search evaluates them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import rustworkx as rx
+import torch
+
+from magis.analyze import FTrans, FTransInfo, FTree, OutputKind, Rejected, check, node_dims
+from magis.errors import MagisError
+from magis.ir import Graph, Ref, TensorMeta
+from magis.ir.dims import split_shape
+from magis.ir.graph import Node, NodeKind, refs_in
+from magis.ir.ops import _base_name
+
+
+class FissionError(MagisError):
+    """An F-Trans that cannot be applied to this graph (the message says which node and why)."""
+
+
+# --- rebuilding a graph ------------------------------------------------------------------------
+
+
+class GraphRebuilder:
+    """Copies nodes of `old`, in the order asked, into a new Graph, remapping their Refs.
+
+    The new graph's insertion order is the order of the calls, so its program order is the
+    schedule the rewrite chose. `ids[old]` lists the new nodes an old node became.
+    """
+
+    def __init__(self, old: Graph) -> None:
+        self.old = old
+        self.new = Graph(old.registry)
+        self.env: dict[Ref, Ref] = {}
+        self.ids: dict[int, list[int]] = {}
+        self._next = 0  # ids of the new graph, assigned in call order
+
+    def mapped(self, value):
+        """`value` with every Ref replaced by its new Ref."""
+        if isinstance(value, Ref):
+            return self.env[value]
+        if isinstance(value, list):
+            return [self.mapped(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.mapped(v) for v in value)
+        return value
+
+    def copy(self, nid: int) -> int:
+        node = self.old.node(nid)
+        if node.is_placeholder:
+            new = self.new.add_placeholder(node.name, node.outputs[0], node.placeholder_kind)
+            self._next = new + 1
+        else:
+            new = self.add_op(
+                node.name,
+                node.op,
+                self.mapped(node.args),
+                {k: self.mapped(v) for k, v in node.kwargs},
+                node.outputs,
+                writes_into=self.env[node.writes_into] if node.writes_into else None,
+            )
+        self.bind(nid, [new])
+        return new
+
+    def add_op(self, name, op, args, kwargs, outputs, writes_into=None) -> int:
+        """`Graph.add_op` without its per-call ordering of readers before in-place writers,
+        which scans the graph each time; `finish` orders them all at once."""
+        kw = tuple(sorted((kwargs or {}).items()))
+        inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
+        node = Node(
+            self._next,
+            name,
+            op,
+            NodeKind.OP,
+            tuple(args),
+            kw,
+            tuple(outputs),
+            None,
+            writes_into,
+            inputs,
+        )
+        self._next += 1
+        return self.new.restore_node(node)
+
+    def bind(self, nid: int, new_ids: list[int]) -> None:
+        self.ids[nid] = new_ids
+        if len(new_ids) == 1:
+            for i in range(len(self.old.node(nid).outputs)):
+                self.env.setdefault(Ref(nid, i), Ref(new_ids[0], i))
+
+    def add(self, name: str, op: str, args: tuple, outputs: tuple[TensorMeta, ...], **kw) -> Ref:
+        return Ref(self.add_op(name, op, args, kw or None, outputs))
+
+    def finish(self) -> Graph:
+        """Outputs remapped, control dependencies carried to every copy, in-place writes ordered
+        after every new reader (a merge may read what an update overwrites)."""
+        from magis.capture.fx_import import order_writes_after_readers
+
+        g = self.new
+        g.set_outputs([self.env[r] for r in self.old.outputs])
+        for after in self.old.nodes:
+            for before in self.old.control_deps(after):
+                for b in self.ids.get(before, []):
+                    for a in self.ids.get(after, []):
+                        g.add_control_dep(b, a)
+        order_writes_after_readers(g)
+        g.verify()
+        return g
+
+
+def _map_slots(node: Node, fn: Callable[[int, Ref], Ref]) -> tuple[tuple, dict]:
+    """The node's args and kwargs with the j-th Ref occurrence (slot j) replaced by fn(j, ref)."""
+    counter = iter(range(1 << 30))
+
+    def walk(value):
+        if isinstance(value, Ref):
+            return fn(next(counter), value)
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(walk(v) for v in value)
+        return value
+
+    args = walk(node.args)
+    kwargs = {k: walk(v) for k, v in node.kwargs}
+    return args, kwargs
+
+
+# --- interim transformations that open the loss to fission -------------------------------------
+
+_LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
+_NLL = ("nll_loss_forward", "nll_loss2d_forward")
+
+
+def prepare(graph: Graph) -> Graph:
+    """The graph with `*_like` creations detached and mean NLL losses split into sum / count
+    (see the module docstring); program order and placeholders are kept."""
+    rb = GraphRebuilder(graph)
+    for nid in graph.program_order():
+        node = graph.node(nid)
+        base = _base_name(node.op)
+        if base in _LIKE and not node.is_placeholder and node.writes_into is None:
+            _detach_like(rb, node)
+        elif base in _NLL and _mean_nll_without_weight(node):
+            _split_mean_nll(rb, node)
+        else:
+            rb.copy(nid)
+    return rb.finish()
+
+
+def _detach_like(rb: GraphRebuilder, node: Node) -> None:
+    meta = node.outputs[0]
+    kw = {"dtype": meta.torch_dtype, "layout": torch.strided, "device": torch.device("cpu")}
+    kw["pin_memory"] = False
+    shape = list(meta.shape)
+    base = _LIKE[_base_name(node.op)]
+    if base == "full":
+        args, op = (shape, node.args[1]), "aten.full.default"
+    elif base == "empty":
+        args, op = (shape,), "aten.empty.memory_format"
+    else:
+        args, op = (shape,), f"aten.{base}.default"
+    new = rb.add(node.name, op, args, node.outputs, **kw)
+    rb.bind(node.id, [new.node])
+
+
+def _mean_nll_without_weight(node: Node) -> bool:
+    return len(node.args) >= 5 and node.args[3] == 1 and node.args[2] is None
+
+
+def _split_mean_nll(rb: GraphRebuilder, node: Node) -> None:
+    """loss = nll(x, t, reduction=sum) / sum(t != ignore_index): the numerator splits over the
+    batch as a partial sum, the denominator reads only the targets."""
+    x, t, _, _, ignore = node.args[:5]
+    loss_meta, tw_meta = node.outputs[0], node.outputs[1]
+    total = rb.add(
+        f"{node.name}_sum", node.op, (rb.mapped(x), rb.mapped(t), None, 2, ignore), node.outputs
+    )
+    t_meta = rb.old.meta(t)
+    valid = rb.add(
+        f"{node.name}_valid",
+        "aten.ne.Scalar",
+        (rb.mapped(t), ignore),
+        (TensorMeta(t_meta.shape, "bool", 1),),
+    )
+    count = rb.add(
+        f"{node.name}_count", "aten.sum.default", (valid,), (tw_meta,), dtype=tw_meta.torch_dtype
+    )
+    loss = rb.add(node.name, "aten.div.Tensor", (total, count), (loss_meta,))
+    rb.ids[node.id] = [total.node, valid.node, count.node, loss.node]
+    rb.env[Ref(node.id, 0)] = loss
+    rb.env[Ref(node.id, 1)] = count
+
+
+# --- materializing one F-Trans -----------------------------------------------------------------
+
+_BLOCK = -1
+
+
+@dataclass(frozen=True)
+class Split:
+    """One F-Trans applied: the new graph (program order = the schedule) and where nodes went."""
+
+    graph: Graph
+    ids: dict[int, list[int]]  # old node -> new nodes (n copies for S, one for the rest)
+
+
+def block_order(graph: Graph, nodes: frozenset[int], order: Sequence[int]) -> list[int]:
+    """`order` with S contracted to one block (`_BLOCK`), re-sorted topologically by original
+    position, random ops kept in their order (see the module docstring)."""
+    pos = {v: i for i, v in enumerate(order)}
+    dag = rx.PyDiGraph()
+    index: dict[int, int] = {}
+    key: dict[int, int] = {}
+    for v in order:
+        k = _BLOCK if v in nodes else v
+        if k not in index:
+            index[k] = dag.add_node(k)
+            key[k] = pos[v]
+    edges = set()
+    for v in order:
+        for w in graph.successors(v):
+            a, b = index[_BLOCK if v in nodes else v], index[_BLOCK if w in nodes else w]
+            if a != b:
+                edges.add((a, b))
+    randoms = [v for v in order if v not in nodes and graph.info(v).is_random]
+    edges.update((index[a], index[b]) for a, b in zip(randoms, randoms[1:], strict=False))
+    dag.add_edges_from_no_data(sorted(edges))
+    try:
+        out = rx.lexicographical_topological_sort(dag, key=lambda k: f"{key[k]:010d}")
+    except rx.DAGHasCycle as exc:
+        raise FissionError("S cannot be contracted without reordering random ops") from exc
+    return list(out)
+
+
+def split_graph(graph: Graph, info: FTransInfo, order: Sequence[int] | None = None) -> Split:
+    """Apply the valid F-Trans `info.ftrans` (n > 1): S's parts one after the other."""
+    f = info.ftrans
+    if f.n < 2 or info.length % f.n:
+        raise FissionError(f"fission number {f.n} does not divide the length {info.length}")
+    order = list(graph.program_order() if order is None else order)
+    rb = GraphRebuilder(graph)
+    nodes = f.nodes
+    s_order = [v for v in order if v in nodes]
+    for item in block_order(graph, f.nodes, order):
+        if item == _BLOCK:
+            _emit_parts(rb, graph, info, s_order)
+        else:
+            rb.copy(item)
+    return Split(rb.finish(), rb.ids)
+
+
+def _emit_parts(rb: GraphRebuilder, graph: Graph, info: FTransInfo, s_order: list[int]) -> None:
+    f = info.ftrans
+    axis_of = f.axis_of()
+    dims = node_dims(graph)
+    concat: dict[Ref, list[Ref]] = {
+        r: [] for r, m in info.outputs.items() if m.kind is OutputKind.CONCAT
+    }
+    sums: dict[Ref, Ref] = {}
+    for v in s_order:
+        rb.ids[v] = []
+    for i in range(f.n):
+        local: dict[Ref, Ref] = {}
+        sliced: dict[tuple[Ref, int], Ref] = {}
+        for v in s_order:
+            _emit_part_node(rb, graph, info, dims[v], v, axis_of[v], i, local, sliced)
+        for ref, merge in info.outputs.items():
+            if merge.kind is OutputKind.CONCAT:
+                concat[ref].append(local[ref])
+            elif ref not in sums:
+                sums[ref] = local[ref]
+            else:
+                name = f"{graph.node(ref.node).name}_sum{i}"
+                sums[ref] = rb.add(
+                    name, "aten.add.Tensor", (sums[ref], local[ref]), (graph.meta(ref),)
+                )
+    for ref, parts in concat.items():
+        dim = info.outputs[ref].dim
+        name = f"{graph.node(ref.node).name}_cat"
+        rb.env[ref] = rb.add(name, "aten.cat.default", (parts, dim), (graph.meta(ref),))
+    rb.env.update(sums)
+
+
+def _emit_part_node(rb, graph, info, dims, v, axis, i, local, sliced) -> None:
+    """Copy node v for part i: slots read the part's values, slices of sliced inputs, or the
+    shared input; outputs along the split axis are 1/n; shape arguments follow."""
+    node = graph.node(v)
+    n = info.ftrans.n
+
+    def arg(j: int, ref: Ref) -> Ref:
+        if ref in local:
+            return local[ref]
+        d = info.slices.get((v, j))
+        if d is None:
+            return rb.env[ref]
+        if (ref, d) not in sliced:
+            sliced[(ref, d)] = _slice(rb, graph, ref, d, i, n)
+        return sliced[(ref, d)]
+
+    args, kwargs = _map_slots(node, arg)
+    outs = tuple(
+        TensorMeta(split_shape(m.shape, d, n), m.dtype, m.itemsize)
+        if (d := dims.output_dim(k, axis)) is not None
+        else m
+        for k, m in enumerate(node.outputs)
+    )
+    args = list(args)
+    for p, k in dims.shape_args:
+        if p < len(args):
+            args[p] = list(outs[k].shape)
+    new = rb.add_op(f"{node.name}_p{i}", node.op, tuple(args), kwargs, outs)
+    rb.ids[v].append(new)
+    for k in range(len(outs)):
+        local[Ref(v, k)] = Ref(new, k)
+
+
+def _slice(rb: GraphRebuilder, graph: Graph, ref: Ref, d: int, i: int, n: int) -> Ref:
+    meta = graph.meta(ref)
+    step = meta.shape[d] // n
+    name = f"{graph.node(ref.node).name}_slice{i}"
+    out = TensorMeta(split_shape(meta.shape, d, n), meta.dtype, meta.itemsize)
+    return rb.add(name, "aten.slice.Tensor", (rb.env[ref], d, i * step, (i + 1) * step), (out,))
+
+
+# --- materializing an F-Tree -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """A graph with every enabled F-Tree node applied; its program order is the schedule."""
+
+    graph: Graph
+    ids: dict[int, list[int]]  # original node -> its copies in `graph`
+    applied: tuple[int, ...]  # F-Tree node indices, in the order applied
+
+    @property
+    def order(self) -> list[int]:
+        return self.graph.program_order()
+
+
+def materialize(graph: Graph, tree: FTree, order: Sequence[int] | None = None) -> Materialized:
+    """Apply the enabled nodes of `tree` (parents first; a child once per part of its parent)."""
+    current = graph
+    if order is not None and list(order) != graph.program_order():
+        current = _reordered(graph, order)
+    ids: dict[int, list[int]] = {v: [v] for v in graph.nodes}
+    if order is not None and current is not graph:
+        ids = {v: [i] for v, i in zip(order, current.program_order(), strict=True)}
+    applied = []
+    for t in tree.preorder():
+        node = tree.nodes[t]
+        if not node.enabled:
+            continue
+        copies = [ids[v] for v, _ in node.ftrans.split]
+        for j in range(len(copies[0])):
+            split = tuple(
+                sorted((c[j], a) for c, (_, a) in zip(copies, node.ftrans.split, strict=True))
+            )
+            info = check(current, FTrans(split, node.n))
+            if isinstance(info, Rejected):
+                raise FissionError(f"F-Tree node {t} cannot be applied: {info.reason}")
+            res = split_graph(current, info)
+            current = res.graph
+            ids = {v: [x for old in olds for x in res.ids[old]] for v, olds in ids.items()}
+            copies = [[res.ids[x][0] if len(res.ids[x]) == 1 else x for x in c] for c in copies]
+        applied.append(t)
+    return Materialized(current, ids, tuple(applied))
+
+
+def _reordered(graph: Graph, order: Sequence[int]) -> Graph:
+    rb = GraphRebuilder(graph)
+    for v in order:
+        rb.copy(v)
+    return rb.finish()
+
+
+def check_shapes(graph: Graph) -> None:
+    """Run `graph` in program order on meta tensors (no data, no memory) and compare every
+    output shape with its metadata; a view that strides cannot express fails here, naming the
+    node, before any real execution."""
+    from magis.ir.ops import resolve_overload
+
+    env: dict[Ref, torch.Tensor] = {}
+
+    def val(x):
+        if isinstance(x, Ref):
+            return env[x]
+        if isinstance(x, list):
+            return [val(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(val(v) for v in x)
+        if isinstance(x, torch.device):
+            return torch.device("meta")
+        return x
+
+    for nid in graph.program_order():
+        node = graph.node(nid)
+        if node.is_placeholder:
+            m = node.outputs[0]
+            env[Ref(nid)] = torch.empty(m.shape, dtype=m.torch_dtype, device="meta")
+            continue
+        kwargs = {k: val(v) for k, v in node.kwargs}
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("meta")
+        try:
+            out = resolve_overload(node.op)(*val(node.args), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any kernel error is the node's fault
+            raise FissionError(f"{node.name} ({node.op}) fails on its split shapes: {exc}") from exc
+        outs = list(out) if isinstance(out, list | tuple) else [out]
+        for k, meta in enumerate(node.outputs):
+            t = outs[k] if k < len(outs) else None
+            if isinstance(t, torch.Tensor) and tuple(t.shape) != meta.shape and meta.numel:
+                raise FissionError(
+                    f"{node.name} makes shape {tuple(t.shape)}, expected {meta.shape}"
+                )
+            env[Ref(nid, k)] = t
+
+
+# --- F-Tree mutation rules (MAGIS §5.1, Fig. 7) ------------------------------------------------
+
+
+class RuleKind(enum.Enum):
+    ENABLE = "enable"
+    LIFT = "lift"
+    DISABLE = "disable"
+    MUTATE = "mutate"
+
+
+@dataclass(frozen=True)
+class FTreeRule:
+    """One mutation rule: `match` yields the tree-node indices it applies to; `apply` returns the
+    mutated tree (a new value: trees are immutable)."""
+
+    kind: RuleKind
+    match: Callable[[FTree], Iterator[int]]
+    apply: Callable[[FTree, int], FTree]
+    doc: str = field(default="", compare=False)
+
+
+def _smallest_divisor(length: int, above: int = 1) -> int | None:
+    return next((d for d in range(above + 1, length + 1) if length % d == 0), None)
+
+
+def _effective_length(tree: FTree, i: int) -> int:
+    """The length node i can still be split by: an enabled ancestor along the same dimension has
+    already divided it."""
+    length = tree.nodes[i].length
+    for a in tree.ancestors(i):
+        anc = tree.nodes[a]
+        if anc.enabled and anc.component == tree.nodes[i].component:
+            length //= anc.n
+    return length
+
+
+def _has_enabled_ancestor(tree: FTree, i: int) -> bool:
+    return any(tree.nodes[a].enabled for a in tree.ancestors(i))
+
+
+def _match_enable(tree: FTree) -> Iterator[int]:
+    """A disabled leaf, or a disabled parent of an enabled node, without enabled ancestors."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled or _has_enabled_ancestor(tree, i):
+            continue
+        kids = tree.children(i)
+        if (not kids or any(tree.nodes[c].enabled for c in kids)) and _smallest_divisor(
+            _effective_length(tree, i)
+        ):
+            yield i
+
+
+def _apply_enable(tree: FTree, i: int) -> FTree:
+    return tree.with_n(i, _smallest_divisor(_effective_length(tree, i)))
+
+
+def _match_lift(tree: FTree) -> Iterator[int]:
+    """An enabled node without enabled ancestors, whose parent exists."""
+    for i, node in enumerate(tree.nodes):
+        if (
+            node.enabled
+            and node.parent is not None
+            and not _has_enabled_ancestor(tree, i)
+            and _smallest_divisor(tree.nodes[node.parent].length)
+        ):
+            yield i
+
+
+def _apply_lift(tree: FTree, i: int) -> FTree:
+    node = tree.nodes[i]
+    p = node.parent
+    length = tree.nodes[p].length
+    n = node.n if length % node.n == 0 else _smallest_divisor(length)
+    return tree.with_n(i, 1).with_n(p, n)
+
+
+def _match_disable(tree: FTree) -> Iterator[int]:
+    """An enabled node with no enabled descendant."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled and not any(tree.nodes[d].enabled for d in tree.descendants(i)):
+            yield i
+
+
+def _apply_disable(tree: FTree, i: int) -> FTree:
+    return tree.with_n(i, 1)
+
+
+def _match_mutate(tree: FTree) -> Iterator[int]:
+    """An enabled node whose n is not yet the largest divisor of its length."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled and _smallest_divisor(_effective_length(tree, i), node.n):
+            yield i
+
+
+def _apply_mutate(tree: FTree, i: int) -> FTree:
+    return tree.with_n(i, _smallest_divisor(_effective_length(tree, i), tree.nodes[i].n))
+
+
+FTREE_RULES: tuple[FTreeRule, ...] = (
+    FTreeRule(RuleKind.ENABLE, _match_enable, _apply_enable, "Fig. 7 (a)"),
+    FTreeRule(RuleKind.LIFT, _match_lift, _apply_lift, "Fig. 7 (b)"),
+    FTreeRule(RuleKind.DISABLE, _match_disable, _apply_disable, "Fig. 7 (c)"),
+    FTreeRule(RuleKind.MUTATE, _match_mutate, _apply_mutate, "Fig. 7 (d)"),
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A lazy mutation: `build()` makes the new tree only when asked."""
+
+    description: str
+    build: Callable[[], FTree]
+
+
+def candidates(tree: FTree, rules: Sequence[FTreeRule] = FTREE_RULES) -> Iterator[Candidate]:
+    """Every applicable mutation of `tree`, rule by rule, nodes in index order."""
+    for rule in rules:
+        for i in rule.match(tree):
+            yield Candidate(f"{rule.kind.value} {i}", lambda rule=rule, i=i: rule.apply(tree, i))
