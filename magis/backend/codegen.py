@@ -47,11 +47,11 @@ def _identifier(name: str, taken: set[str]) -> str:
     return ident
 
 
-class _Names:
+class Names:
     """A Python identifier for every value (Ref) of the graph."""
 
     def __init__(self, graph: Graph, order: list[int]) -> None:
-        taken = {"torch", "aten", "device", "program", "None", "store", "load", "ready"}
+        taken = {"torch", "aten", "device", "program", "None", "store", "load", "ready", "arena"}
         self._names: dict[Ref, str] = {}
         for nid in order:
             node = graph.node(nid)
@@ -66,7 +66,7 @@ class _Names:
         return self._names[ref]
 
 
-def _literal(value, names: _Names) -> str:
+def literal(value, names: Names) -> str:
     if isinstance(value, Ref):
         return names[value]
     if isinstance(value, bool) or value is None or isinstance(value, int | str):
@@ -80,22 +80,22 @@ def _literal(value, names: _Names) -> str:
     if isinstance(value, torch.layout | torch.memory_format):
         return str(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_literal(v, names) for v in value) + "]"
+        return "[" + ", ".join(literal(v, names) for v in value) + "]"
     if isinstance(value, tuple):
-        inner = ", ".join(_literal(v, names) for v in value)
+        inner = ", ".join(literal(v, names) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     raise UnsupportedOpError(
         f"cannot generate code for the constant {value!r} ({type(value).__name__})"
     )
 
 
-def _call(graph: Graph, nid: int, names: _Names) -> str:
+def call_source(graph: Graph, nid: int, names: Names) -> str:
     node = graph.node(nid)
     if graph.info(nid).copy_stream:  # Store / Load: the runtime's host pool does the copy
         verb = "store" if node.op == STORE_OP else "load"
         return f"{verb}({names[node.inputs[0]]})"
-    args = [_literal(a, names) for a in node.args]
-    kwargs = [f"{k}={_literal(v, names)}" for k, v in node.kwargs]
+    args = [literal(a, names) for a in node.args]
+    kwargs = [f"{k}={literal(v, names)}" for k, v in node.kwargs]
     target = node.op
     if node.writes_into is not None:
         out = out_overload(node.op)
@@ -133,7 +133,7 @@ def _last_uses(graph: Graph, order: list[int]) -> dict[int, list[Ref]]:
 
 def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
     """Python source of `fn_name(*placeholders)` running `graph` in `order`."""
-    names = _Names(graph, order)
+    names = Names(graph, order)
     placeholders = graph.placeholders()
     lines = [f"def {fn_name}({', '.join(names[Ref(p)] for p in placeholders)}):"]
     dropped = _last_uses(graph, order)
@@ -150,7 +150,7 @@ def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
             pending_loads.add(Ref(nid))
         outs = [names[Ref(nid, i)] for i in range(len(node.outputs))]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
-        line = f"    {target} = {_call(graph, nid, names)}"
+        line = f"    {target} = {call_source(graph, nid, names)}"
         if dropped.get(nid):
             line += ";  " + " = ".join(sorted(names[r] for r in dropped[nid])) + " = None"
         lines.append(line)
@@ -161,7 +161,13 @@ def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
 
 def compile_program(graph: Graph, order: list[int], device: torch.device | str = "cpu") -> Program:
     """Generate and compile the program for `graph` in `order`, its constants on `device`."""
-    source = generate(graph, order)
+    return program_from_source(graph, order, generate(graph, order), device)
+
+
+def program_from_source(
+    graph: Graph, order: list[int], source: str, device: torch.device | str = "cpu"
+) -> Program:
+    """Compile `source`, generated for `graph` in `order`, into a Program running on `device`."""
     device = torch.device(device)
     pool = HostPool()
     scope = {
@@ -173,6 +179,6 @@ def compile_program(graph: Graph, order: list[int], device: torch.device | str =
         "ready": pool.ready,
     }
     exec(compile(source, "<magis-program>", "exec"), scope)  # noqa: S102 - our own generated code
-    names = _Names(graph, order)
+    names = Names(graph, order)
     inputs = tuple(names[Ref(p)] for p in graph.placeholders())
     return Program(source, scope["program"], inputs, pool)
