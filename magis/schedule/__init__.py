@@ -5,6 +5,11 @@ scheduling); Serenity's DP (MAGIS ref. [3]); ROAM §IV-A (independent segments, 
 placement).
 """
 
+from magis.schedule.incremental import (
+    IncrementalResult,
+    incremental_schedule,
+    reschedule_interval,
+)
 from magis.schedule.narrow_waist import nw_values
 from magis.schedule.problem import Problem, problem_of
 from magis.schedule.scheduler import (

@@ -93,11 +93,10 @@ def dp_schedule(
     if upper is not None and upper[1] <= floor:
         return DpResult(tuple(upper[0]), upper[1], True, 0)
     bound = upper[1] if upper is not None else None
-    found = _search(seg, lb, by_lb, bound, budget)
-    if found is None:  # nothing beats `upper`: it is optimal
+    order, peak, expanded, exact = _search(seg, lb, by_lb, bound, budget)
+    if exact and not order and seg.m:  # nothing beats `upper`: it is optimal
         assert upper is not None
-        return DpResult(tuple(upper[0]), upper[1], True, 0)
-    order, peak, expanded, exact = found
+        return DpResult(tuple(upper[0]), upper[1], True, expanded)
     if not exact:
         if upper is not None:
             return DpResult(tuple(upper[0]), upper[1], False, expanded)
@@ -106,9 +105,15 @@ def dp_schedule(
 
 
 def _search(seg: SegmentProblem, lb, by_lb, bound, budget):
-    """Best-first search; (order, peak, expanded, exact) or None when `bound` cannot be beaten."""
+    """Best-first search: (order, peak, expanded, exact); an empty exact order when nothing
+    beats `bound`.
+
+    The hot loop of the scheduler: state data sit in one dict (peak f, live bytes, ready mask,
+    parent, unit) and the free-move test is inlined.
+    """
     full = (1 << seg.m) - 1
-    alloc, kept, succ, pred_mask = seg.alloc, seg.kept, seg.succ, seg.pred_mask
+    alloc, kept, succ, pred_mask, frees = seg.alloc, seg.kept, seg.succ, seg.pred_mask, seg.frees
+    limit = bound if bound is not None else float("inf")
 
     def h(done: int) -> int:
         for i in by_lb:
@@ -116,63 +121,62 @@ def _search(seg: SegmentProblem, lb, by_lb, bound, budget):
                 return lb[i]
         return 0
 
-    best = {0: seg.live_in}
-    info = {0: (seg.live_in, seg.ready0(), -1, -1)}  # live, ready, parent, unit
+    states = {0: (seg.live_in, seg.live_in, seg.ready0(), -1, -1)}  # f, live, ready, parent, unit
     heap = [(max(seg.live_in, h(0)), 0, 0)]
     closed: set[int] = set()
     expanded = 0
+    push, pop = heapq.heappush, heapq.heappop
     while heap:
-        prio, negdepth, done = heapq.heappop(heap)
+        prio, negdepth, done = pop(heap)
         if done == full:
-            return _trace(info, done), best[done], expanded, True
+            return _trace(states, done), states[done][0], expanded, True
         if done in closed:
             continue
         closed.add(done)
         expanded += 1
         if expanded > budget:
             return (), -1, expanded, False
-        f = best[done]
-        live, ready = info[done][0], info[done][1]
-        moves = _moves(seg, done, live, ready, max(f, prio))
+        f, live, ready, _, _ = states[done]
+        level = prio if prio > f else f
+        moves = []
+        bits = ready
+        while bits:
+            low = bits & -bits
+            i = low.bit_length() - 1
+            bits ^= low
+            freed = 0
+            for mask, nbytes in frees[i]:
+                if mask & done == mask:
+                    freed += nbytes
+            if kept[i] <= freed and live + alloc[i] <= level:
+                moves = [(i, freed)]  # a free move: no other branch needed
+                break
+            moves.append((i, freed))
         for i, freed in moves:
-            nf = max(f, live + alloc[i])
-            if bound is not None and nf >= bound:
+            step = live + alloc[i]
+            nf = step if step > f else f
+            if nf >= limit:
                 continue
             nxt = done | (1 << i)
             if nxt in closed:
                 continue
-            old = best.get(nxt)
-            if old is not None and old <= nf:
+            old = states.get(nxt)
+            if old is not None and old[0] <= nf:
                 continue
             nready = ready & ~(1 << i)
             for j in succ[i]:
-                if not pred_mask[j] & ~nxt:
+                if pred_mask[j] & nxt == pred_mask[j]:
                     nready |= 1 << j
-            best[nxt] = nf
-            info[nxt] = (live + kept[i] - freed, nready, done, i)
-            heapq.heappush(heap, (max(nf, h(nxt)), negdepth - 1, nxt))
-    return None
+            states[nxt] = (nf, live + kept[i] - freed, nready, done, i)
+            hn = h(nxt)
+            push(heap, (nf if nf > hn else hn, negdepth - 1, nxt))
+    return (), -1, expanded, True  # exhausted below the bound: nothing beats it
 
 
-def _moves(seg: SegmentProblem, done: int, live: int, ready: int, level: int):
-    """Ready units with what each frees; a single free move when one exists."""
-    moves = []
-    bits = ready
-    while bits:
-        low = bits & -bits
-        i = low.bit_length() - 1
-        bits ^= low
-        freed = seg.freed(i, done)
-        if seg.kept[i] <= freed and live + seg.alloc[i] <= level:
-            return [(i, freed)]
-        moves.append((i, freed))
-    return moves
-
-
-def _trace(info, done: int) -> tuple[int, ...]:
+def _trace(states, done: int) -> tuple[int, ...]:
     order = []
     while done:
-        _, _, parent, unit = info[done]
+        _, _, _, parent, unit = states[done]
         order.append(unit)
         done = parent
     return tuple(reversed(order))

@@ -12,7 +12,8 @@ its long window. We work on units (placeholders and views folded away, see `prob
 floaters off before cutting: nodes whose window is wider than a threshold leave the core, the
 threshold halves from |V|/2 down to `min_window`, and nw is recomputed after each round, so a few
 long floaters do not drag their neighbours along. The core is cut at nw <= 1; each floater then
-joins a segment that its dependencies allow (`placement`).
+joins a segment that its dependencies allow (`placement`). `partition` does this only as far as
+needed to bring segments within reach of the DP.
 
 Ancestor and descendant sets are Python-int bitsets over a topological order: one OR per edge
 and a popcount per node, about 10 ms for 2,000 units.
@@ -25,8 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from magis.schedule.problem import Problem
-
-MIN_WINDOW = 16  # nw above which a unit floats: wider than any block's parallel branches
 
 
 @dataclass(frozen=True)
@@ -78,24 +77,15 @@ def nw_values(problem: Problem, units: Sequence[int]) -> dict[int, int]:
     return dict(zip(c.units, c.nw(), strict=True))
 
 
-def peel_floaters(clo: Closure, min_window: int = MIN_WINDOW) -> int:
-    """Bit mask of the core: units whose nw window, among the core, stays within a threshold that
-    halves from |V|/2 down to `min_window`. Reachability is the whole set's, so two core units
-    joined through a floater stay ordered."""
-    core = (1 << len(clo.units)) - 1
-    tau = len(clo.units) // 2
-    while True:
-        tau = max(tau, min_window)
-        size = core.bit_count()
-        drop = 0
-        for i in _bits(core):
-            if size - (clo.anc[i] & core).bit_count() - (clo.des[i] & core).bit_count() - 1 > tau:
-                drop |= 1 << i
-        core &= ~drop
-        if tau == min_window and not drop:
-            return core
-        if tau > min_window:
-            tau //= 2
+def window_above(clo: Closure, core: int, tau: int) -> int:
+    """Bit mask of the units of `core` whose nw among `core` exceeds `tau` (floaters at tau).
+    Reachability is the whole set's, so two core units joined through a floater stay ordered."""
+    size = core.bit_count()
+    drop = 0
+    for i in bits(core):
+        if size - (clo.anc[i] & core).bit_count() - (clo.des[i] & core).bit_count() - 1 > tau:
+            drop |= 1 << i
+    return drop
 
 
 def cut_segments(clo: Closure, core: int) -> tuple[dict[int, int], list[int]]:
@@ -109,7 +99,7 @@ def cut_segments(clo: Closure, core: int) -> tuple[dict[int, int], list[int]]:
     size = core.bit_count()
     cut_local = [
         i
-        for i in _bits(core)
+        for i in bits(core)
         if size - (clo.anc[i] & core).bit_count() - (clo.des[i] & core).bit_count() - 1 <= 1
     ]
     cut_rank = {i: k + 1 for k, i in enumerate(cut_local)}
@@ -117,7 +107,7 @@ def cut_segments(clo: Closure, core: int) -> tuple[dict[int, int], list[int]]:
     for i in cut_local:
         cut_mask |= 1 << i
     seg = {}
-    for i in _bits(core):
+    for i in bits(core):
         if i in cut_rank:
             seg[clo.units[i]] = cut_rank[i]
         else:
@@ -126,7 +116,7 @@ def cut_segments(clo: Closure, core: int) -> tuple[dict[int, int], list[int]]:
     return seg, [clo.units[i] for i in cut_local]
 
 
-def _bits(mask: int) -> list[int]:
+def bits(mask: int) -> list[int]:
     """Indices of the set bits of `mask`, ascending."""
     out = []
     while mask:

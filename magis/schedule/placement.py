@@ -9,27 +9,31 @@ gradient (it frees a saved activation), a backward formula's recomputation from 
 The rule decides by what a floater does to live memory when it runs, counting only what it
 frees for sure (storages whose other readers are all its ancestors):
 
-* it frees at least what it keeps (an SGD update frees its gradient, a weight gradient frees the
-  activation saved for it): **as soon as possible**, in the segment of its latest dependency —
-  an update then runs right after the last reader of the old weight and frees the gradient;
-* it adds memory (a recomputation): **as late as possible**, in the segment of its first user,
-  so its result is not held across the peak.
+* it frees at least what it keeps — an SGD update frees its gradient, an in-place update
+  allocates nothing, a ReLU frees its input: **early**, in the segment of its latest
+  dependency. An update then runs right after the last reader of the old weight;
+* it adds memory — a weight or bias gradient (the activation it reads has other readers), a
+  recomputation in a backward formula (GELU's pow), a scalar or a weight concatenation with no
+  inputs: **late**, in the segment where its first user runs, so its result is not held across
+  a peak and, when the user is early (an update), it follows the user there.
 
-Within the chosen segment the DP picks the exact step, which is where the optimizer's ordering
-against the surrounding backward ops is settled exactly. Dependencies stay satisfied: lo(f) and
-hi(f), the segments of f's latest core ancestor and earliest core descendant, are monotone along
-edges, and floaters are assigned in topological order.
+Early floaters are placed first, in topological order (after the segments of their fixed and
+early predecessors, and after the earliest place of their late ones); late floaters then, in
+reverse topological order (in the least segment among their users). Every edge then goes
+forward: an early unit's segment is at least each predecessor's, and a late unit's is at most
+each user's and at least its own earliest place. Within the chosen segment the DP picks the
+exact step, which is where an update's order against the backward ops around it is settled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from magis.schedule.narrow_waist import Closure
 from magis.schedule.problem import Problem
 
 
-def frees_for_sure(problem: Problem, clo: Closure, u: int, before: frozenset[int]) -> int:
+def frees_for_sure(problem: Problem, clo: Closure, u: int, before: Container[int]) -> int:
     """Bytes `u` frees whatever the order: storages it reads whose other readers must precede it
     (its ancestors in `clo`, or units in `before`, which run before the sub-problem)."""
     local = clo.index
@@ -49,32 +53,31 @@ def frees_for_sure(problem: Problem, clo: Closure, u: int, before: frozenset[int
 def place_floaters(
     problem: Problem,
     clo: Closure,
-    core_seg: dict[int, int],
+    fixed: dict[int, int],
     floaters: Sequence[int],
     nsegs: int,
-    before: frozenset[int] = frozenset(),
+    before: Container[int] = frozenset(),
 ) -> dict[int, int]:
-    """Segment of each floater (see the module docstring); `clo` covers core and floaters."""
-    local = clo.index
-    is_floater = set(floaters)
-    lo: dict[int, int] = {}
-    hi: dict[int, int] = {}
-    order = sorted(floaters, key=local.__getitem__)
-    for f in order:
-        lo[f] = max(
-            (core_seg[p] if p in core_seg else lo[p] for p in problem.preds[f] if p in local),
+    """Segment of each floater, given the segments of the `fixed` units (the cuts); see the
+    module docstring. Dependencies outside `fixed` and `floaters` lie in earlier or later parts
+    of the schedule and do not constrain."""
+    order = sorted(floaters, key=clo.index.__getitem__)
+    late = {f for f in order if problem.kept(f) > frees_for_sure(problem, clo, f, before)}
+    seg: dict[int, int] = {}
+    earliest: dict[int, int] = {}
+    for f in order:  # early floaters, in topological order
+        earliest[f] = max(
+            (fixed[p] if p in fixed else seg.get(p, earliest.get(p, 0)) for p in problem.preds[f]),
             default=0,
         )
-    for f in reversed(order):
-        hi[f] = min(
-            (core_seg[s] if s in core_seg else hi[s] for s in problem.succs[f] if s in local),
-            default=nsegs - 1,
-        )
-    seg: dict[int, int] = {}
-    for f in order:
-        if problem.kept(f) > frees_for_sure(problem, clo, f, before):
-            seg[f] = hi[f]  # adds memory: run it late, next to its first user
-        else:
-            after_preds = [seg[p] for p in problem.preds[f] if p in is_floater and p in seg]
-            seg[f] = max([lo[f], *after_preds])
+        if f not in late:
+            seg[f] = earliest[f]
+    for f in reversed(order):  # late floaters, next to their first user
+        if f in late:
+            users = [
+                fixed[s] if s in fixed else seg[s]
+                for s in problem.succs[f]
+                if s in fixed or s in seg
+            ]
+            seg[f] = min(users, default=nsegs - 1)
     return seg

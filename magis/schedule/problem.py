@@ -7,7 +7,8 @@ have run and a node v that runs next, that is
 
     step(S, v) = live(S) + alloc(v),   live(S) = bytes of storages made in S still needed after S
 
-so the peak of an order depends only on the sequence of sets it passes through — what makes the
+(storages in host memory, made by a Store, hold no device bytes), so the peak of an order
+depends only on the sequence of sets it passes through — what makes the
 dynamic program over sets exact (Serenity, MAGIS ref. [3]).
 
 Two reductions keep the problem small without changing any optimum:
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from magis.ir import Graph, Ref
+from magis.ir import Graph
 
 
 @dataclass(frozen=True)
@@ -90,30 +91,27 @@ def problem_of(graph: Graph) -> Problem:
 def _build(graph: Graph) -> Problem:
     smap = graph.storages()
     topo = graph.topological_order()
-    prologue, heads = _prologue_and_units(graph, topo, smap)
-    unit_of = {nid: heads.index_of(nid) for nid in topo if nid not in prologue}
-    members: list[list[int]] = [[] for _ in heads.heads]
-    for nid in topo:
-        if nid not in prologue:
-            members[unit_of[nid]].append(nid)
-    preds = _unit_preds(graph, members, unit_of)
+    prologue, unit_of, members, preds = _units(graph, topo, _device_bytes(smap))
     succs: list[list[int]] = [[] for _ in members]
     for u, ps in enumerate(preds):
         for p in ps:
             succs[p].append(u)
-    index: dict[Ref, int] = {}
     sbytes, sprod, sreaders, soutput = [], [], [], []
     makes: list[list[int]] = [[] for _ in members]
-    for store, nbytes in smap.nbytes.items():
-        if store in smap.resident or nbytes == 0 or store.node in prologue:
-            continue
+    in_prologue = set(prologue)
+    out_nodes = {r.node for r in smap.outputs}
+    # Refs hash slowly: test node ids first (resident storages are made by placeholders, which
+    # are in the prologue).
+    for store, readers in smap.readers.items():
+        nbytes = smap.nbytes[store]
+        if not nbytes or store.node in in_prologue or (smap.host and store in smap.host):
+            continue  # device bytes only: a stored (swapped-out) tensor lives in host memory
         prod = unit_of[store.node]
-        index[store] = len(sbytes)
+        makes[prod].append(len(sbytes))
         sbytes.append(nbytes)
         sprod.append(prod)
-        sreaders.append(tuple(sorted({unit_of[r] for r in smap.readers[store]} - {prod})))
-        soutput.append(store in smap.outputs)
-        makes[prod].append(index[store])
+        sreaders.append(tuple(sorted({unit_of[r] for r in readers} - {prod})))
+        soutput.append(store.node in out_nodes and store in smap.outputs)
     reads: list[list[int]] = [[] for _ in members]
     for s, readers in enumerate(sreaders):
         for r in readers:
@@ -137,46 +135,43 @@ def _build(graph: Graph) -> Problem:
     )
 
 
-@dataclass
-class _Heads:
-    """Unit heads in creation (topological) order and the head each node joined."""
-
-    heads: list[int]
-    head_of: dict[int, int]
-    _index: dict[int, int]
-
-    def index_of(self, nid: int) -> int:
-        return self._index[self.head_of[nid]]
+def _device_bytes(smap) -> dict[int, int]:
+    """Bytes of device memory each node allocates (placeholders' and Stores' excluded)."""
+    resident = {r.node for r in smap.resident}
+    out: dict[int, int] = {}
+    for ref, nbytes in smap.nbytes.items():
+        if nbytes and ref.node not in resident and not (smap.host and ref in smap.host):
+            out[ref.node] = out.get(ref.node, 0) + nbytes
+    return out
 
 
-def _prologue_and_units(graph: Graph, topo: list[int], smap) -> tuple[list[int], _Heads]:
+def _units(
+    graph: Graph, topo: list[int], device: dict[int, int]
+) -> tuple[list[int], dict[int, int], list[list[int]], list[list[int]]]:
+    """(prologue, unit of each other node, members of each unit, unit predecessors).
+
+    Only a unit's head can depend on another unit: a view joins a unit only when all its
+    non-prologue predecessors are in it."""
     prologue: list[int] = []
-    in_prologue: set[int] = set()
-    heads: list[int] = []
-    head_of: dict[int, int] = {}
+    unit_of: dict[int, int] = {}
+    members: list[list[int]] = []
+    preds: list[list[int]] = []
+    is_view: dict[str, bool] = {}
     for nid in topo:
         node = graph.node(nid)
-        preds = [p for p in graph.predecessors(nid) if p not in in_prologue]
-        allocates = any(
-            smap.nbytes[r] > 0 and r not in smap.resident for r in smap.allocations(nid, graph)
-        )
-        if node.is_placeholder or (not preds and not allocates):
+        owners = {unit_of[p] for p in graph.predecessors(nid) if p in unit_of}
+        if node.is_placeholder or (not owners and not device.get(nid)):
             prologue.append(nid)
-            in_prologue.add(nid)
             continue
-        owners = {head_of[p] for p in preds}
-        if graph.info(nid).is_view and len(owners) == 1:
-            head_of[nid] = owners.pop()  # a view runs right after what it views
+        view = is_view.get(node.op)
+        if view is None:
+            view = is_view[node.op] = graph.registry.lookup(node.op).is_view
+        if view and len(owners) == 1:
+            u = owners.pop()  # a view runs right after what it views
+            unit_of[nid] = u
+            members[u].append(nid)
         else:
-            head_of[nid] = nid
-            heads.append(nid)
-    return prologue, _Heads(heads, head_of, {h: i for i, h in enumerate(heads)})
-
-
-def _unit_preds(graph: Graph, members: list[list[int]], unit_of: dict[int, int]) -> list[list[int]]:
-    preds = []
-    for u, nodes in enumerate(members):
-        ps = {unit_of[p] for nid in nodes for p in graph.predecessors(nid) if p in unit_of}
-        ps.discard(u)
-        preds.append(sorted(ps))
-    return preds
+            unit_of[nid] = len(members)
+            members.append([nid])
+            preds.append(sorted(owners))
+    return prologue, unit_of, members, preds

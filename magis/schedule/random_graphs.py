@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
+from magis.ir.ops import LOAD_OP, STORE_OP
 
 
 def f32(*shape: int) -> TensorMeta:
@@ -35,8 +36,10 @@ def random_dag(
     n_updates: int = 0,
     p_view: float = 0.15,
     p_multi: float = 0.1,
+    p_swap: float = 0.0,
 ) -> Graph:
-    """A random DAG of `n_ops` ops (plus `n_updates` in-place updates) over a few placeholders."""
+    """A random DAG of `n_ops` ops (plus `n_updates` in-place updates) over a few placeholders;
+    a fraction `p_swap` of the ops is a Store/Load pair (swapping, §5.2)."""
     g = Graph()
     values: list[Ref] = []
     weights = []
@@ -47,7 +50,12 @@ def random_dag(
         weights.append(w)
         values.append(Ref(w))
     for i in range(n_ops):
-        values.extend(_random_op(g, rng, values, f"op{i}", p_view, p_multi))
+        if rng.random() < p_swap:
+            src = values[-1 - int(rng.integers(min(len(values), 8)))]
+            st = g.add_op(f"store{i}", STORE_OP, (src,), outputs=(g.meta(src),))
+            values.append(Ref(g.add_op(f"load{i}", LOAD_OP, (Ref(st),), outputs=(g.meta(src),))))
+        else:
+            values.extend(_random_op(g, rng, values, f"op{i}", p_view, p_multi))
     ops = [Ref(n) for n in g.ops()]
     for i, w in enumerate(weights[:n_updates]):
         src = ops[int(rng.integers(len(ops)))] if ops else Ref(w)
@@ -99,7 +107,7 @@ def _random_op(
 class NasnetShape:
     cells: int = 8
     blocks: int = 5
-    batch: int = 32
+    batch: int = 256  # activations, not the weights, dominate the peak
     channels: tuple[int, int] = (16, 96)  # each cell draws its width in this range
 
 
@@ -176,16 +184,32 @@ class Rewrite:
     changed: frozenset[int]  # old nodes the rewrite touched (Alg. 2's S_old)
 
 
-def random_rewrite(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
+def random_rewrite(
+    graph: Graph, rng: np.random.Generator, focus: frozenset[int] = frozenset()
+) -> Rewrite | None:
     """One valid rewrite of a kind drawn at random (others tried when it has no site); None if
-    no kind applies."""
+    no kind applies. Sites among the `focus` nodes are preferred when there are any (MAGIS §5.2
+    applies rules around memory hot-spots)."""
     kinds = list(RewriteKind)
     for i in rng.permutation(len(kinds)):
-        site = _REWRITES[kinds[int(i)]](graph, rng)
+        site = _REWRITES[kinds[int(i)]](graph, _Picker(rng, focus))
         if site is not None:
             site.graph.verify()
             return site
     return None
+
+
+@dataclass(frozen=True)
+class _Picker:
+    """Draws a rewrite site, from the focus nodes when any site is one."""
+
+    rng: np.random.Generator
+    focus: frozenset[int]
+
+    def pick(self, sites: list, key: Callable = lambda s: s):
+        near = [s for s in sites if key(s) in self.focus]
+        pool = near or sites
+        return pool[int(self.rng.integers(len(pool)))]
 
 
 def _computes(graph: Graph, nid: int) -> bool:
@@ -193,14 +217,14 @@ def _computes(graph: Graph, nid: int) -> bool:
     return not node.is_placeholder and node.writes_into is None and not graph.info(nid).is_view
 
 
-def _remat(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
+def _remat(graph: Graph, pick: _Picker) -> Rewrite | None:
     """A user B of a node A with several users gets its own copy A' of A."""
     sites = [n for n in graph.ops() if _computes(graph, n) and len(graph.users(n)) >= 2]
     if not sites:
         return None
-    a = sites[int(rng.integers(len(sites)))]
+    a = pick.pick(sites)
     users = graph.users(a)
-    b = users[int(rng.integers(1, len(users)))]
+    b = users[int(pick.rng.integers(1, len(users)))]
     g = graph.copy()
     node = g.node(a)
     copy = g.add_op(f"{node.name}.re", node.op, node.args, node.kwargs_dict, node.outputs)
@@ -209,7 +233,7 @@ def _remat(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
     return Rewrite(RewriteKind.REMAT, g, frozenset({a, b}))
 
 
-def _deremat(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
+def _deremat(graph: Graph, pick: _Picker) -> Rewrite | None:
     """Two nodes of the same op on the same inputs become one (the dual of `_remat`)."""
     seen: dict[tuple, int] = {}
     pairs = []
@@ -224,7 +248,7 @@ def _deremat(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
             seen.setdefault(key, n)
     if not pairs:
         return None
-    keep, drop = pairs[int(rng.integers(len(pairs)))]
+    keep, drop = pick.pick(pairs, key=lambda pair: pair[0])
     g = graph.copy()
     users = g.users(drop)
     for i in range(len(g.node(drop).outputs)):
@@ -233,7 +257,7 @@ def _deremat(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
     return Rewrite(RewriteKind.DEREMAT, g, frozenset({keep, drop, *users}))
 
 
-def _split(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
+def _split(graph: Graph, pick: _Picker) -> Rewrite | None:
     """A 2-D elementwise node computed as two row halves, then concatenated (fission, n = 2)."""
     sites = [
         n
@@ -247,7 +271,7 @@ def _split(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
     ]
     if not sites:
         return None
-    a = sites[int(rng.integers(len(sites)))]
+    a = pick.pick(sites)
     g = graph.copy()
     node = g.node(a)
     src = node.inputs[0]
@@ -271,7 +295,7 @@ def _split(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
     return Rewrite(RewriteKind.SPLIT, g, frozenset({a, *users}))
 
 
-def _merge(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
+def _merge(graph: Graph, pick: _Picker) -> Rewrite | None:
     """mm(X, W1) and mm(X, W2) become mm(X, cat(W1, W2)) read through two column slices (TASO)."""
     by_input: dict[Ref, list[int]] = {}
     for n in graph.ops():
@@ -283,8 +307,8 @@ def _merge(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
     sites = [v for v in by_input.values() if len(v) >= 2]
     if not sites:
         return None
-    group = sites[int(rng.integers(len(sites)))]
-    m1, m2 = (group[int(i)] for i in rng.choice(len(group), size=2, replace=False))
+    group = pick.pick(sites, key=lambda group: group[0])
+    m1, m2 = (group[int(i)] for i in pick.rng.choice(len(group), size=2, replace=False))
     g = graph.copy()
     n1, n2 = g.node(m1), g.node(m2)
     w1, w2 = n1.args[1], n2.args[1]
@@ -314,7 +338,7 @@ def _merge(graph: Graph, rng: np.random.Generator) -> Rewrite | None:
     return Rewrite(RewriteKind.MERGE, g, frozenset({m1, m2, *users}))
 
 
-_REWRITES: dict[RewriteKind, Callable[[Graph, np.random.Generator], Rewrite | None]] = {
+_REWRITES: dict[RewriteKind, Callable[[Graph, _Picker], Rewrite | None]] = {
     RewriteKind.REMAT: _remat,
     RewriteKind.DEREMAT: _deremat,
     RewriteKind.SPLIT: _split,

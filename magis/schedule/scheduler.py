@@ -22,7 +22,9 @@ from magis.schedule.solve import Options, SegmentInfo, solve
 
 
 class Scheduler(enum.Enum):
-    PROGRAM = "program"  # the order PyTorch ran, as captured: the baseline
+    # The order PyTorch ran, as captured: the baseline. For a rewritten graph, whose new nodes
+    # come last in insertion order, the topological order closest to it (ties by insertion).
+    PROGRAM = "program"
     DP = "dp"  # narrow-waist partition + Serenity DP per segment (MAGIS §6.1)
 
     @staticmethod
@@ -74,17 +76,18 @@ def schedule(
     start = time.perf_counter()
     problem = problem_of(graph)
     if kind is Scheduler.PROGRAM:
-        order = tuple(graph.program_order())
+        order = tuple(graph.topological_order())
         segments: tuple[SegmentInfo, ...] = ()
         peak = None
     else:
         sol = solve(problem, range(problem.n), Options(budget=budget))
         order = tuple(problem.full_order(sol.units))
         segments = sol.segments
-        peak = max(s.peak_bytes for s in segments) if segments else problem.resident
-        baseline = simulated_peak(graph, graph.program_order())
+        peak = sol.peak_bytes
+        program = graph.topological_order()
+        baseline = simulated_peak(graph, program)
         if baseline < peak:  # partition and heuristics lost to the captured order: keep that
-            order, segments, peak = tuple(graph.program_order()), (), baseline
+            order, segments, peak = tuple(program), (), baseline
     seconds = time.perf_counter() - start
     if peak is None:
         peak = simulated_peak(graph, order)

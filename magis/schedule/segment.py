@@ -12,7 +12,7 @@ Local index i is the i-th unit of the segment in topological order; masks are Py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from magis.schedule.problem import Problem
@@ -64,97 +64,105 @@ class SegmentProblem:
         return sorted(order) == list(range(self.m))
 
 
-def segment_problems(
-    problem: Problem, segments: Sequence[Sequence[int]], before: frozenset[int] = frozenset()
-) -> list[SegmentProblem]:
-    """The segment problems of running `before`, then `segments` in turn, then everything else.
+class Sweep:
+    """Segments built left to right: what has run so far decides each next segment's problem.
 
-    Units outside `before` and the segments run after all segments (the untouched suffix of an
-    incremental schedule); storages they read escape.
+    `done` holds the units already placed (the untouched prefix of an incremental schedule and
+    the segments solved so far); everything else runs later. `live` is the bytes live after
+    `done`, which the next segment starts with.
     """
-    seg_of = {u: k for k, units in enumerate(segments) for u in units}
-    n = len(segments)  # the segment index of units that run after all segments
-    diff = [0] * (n + 1)
-    touched: list[set[int]] = [set() for _ in segments]
-    for s, nbytes in enumerate(problem.sbytes):
-        prod = problem.sprod[s]
-        ps = -1 if prod in before else seg_of.get(prod, n)
-        if ps >= n:
-            continue
-        rsegs = [-1 if r in before else seg_of.get(r, n) for r in problem.sreaders[s]]
-        end = min(n if problem.soutput[s] else max(rsegs, default=ps), n - 1)
-        if end > ps:  # live when segments ps+1 .. end start
-            diff[ps + 1] += nbytes
-            diff[end + 1] -= nbytes
-        for k in (ps, *rsegs):
-            if 0 <= k < n:
-                touched[k].add(s)
-    live_at, live = [], 0
-    for k in range(n):
-        live += diff[k]
-        live_at.append(live)
-    return [
-        _segment(problem, units, k, seg_of, before, touched[k], live_at[k])
-        for k, units in enumerate(segments)
-    ]
+
+    def __init__(self, problem: Problem, before: Iterable[int] = ()) -> None:
+        self.problem = problem
+        self.done: set[int] = set()
+        self.pending = [len(r) for r in problem.sreaders]
+        self.live = 0
+        self.advance(sorted(before))
+
+    @staticmethod
+    def at(problem: Problem, done: set[int], live: int) -> Sweep:
+        """A sweep positioned after `done`, with `live` bytes live, known from elsewhere (a
+        step-memory pass): enough to build the next segment, not to advance."""
+        sweep = Sweep(problem)
+        sweep.done, sweep.live, sweep.pending = done, live, []
+        return sweep
+
+    def advance(self, units: Iterable[int]) -> None:
+        """Record `units` (in a topological order) as run."""
+        p = self.problem
+        for u in units:
+            for s in p.makes[u]:
+                if p.sreaders[s] or p.soutput[s]:
+                    self.live += p.sbytes[s]
+            for s in p.reads[u]:
+                self.pending[s] -= 1
+                if not self.pending[s] and not p.soutput[s]:
+                    self.live -= p.sbytes[s]
+            self.done.add(u)
+
+    def segment(self, units: Iterable[int]) -> SegmentProblem:
+        """The problem of running `units` next (none of them run yet)."""
+        p = self.problem
+        units = tuple(sorted(units))
+        local = {u: i for i, u in enumerate(units)}
+        pred_mask = []
+        succ: list[list[int]] = [[] for _ in units]
+        touched: set[int] = set()
+        for i, u in enumerate(units):
+            mask = 0
+            for q in p.preds[u]:
+                j = local.get(q)
+                if j is not None:
+                    mask |= 1 << j
+                    succ[j].append(i)
+            pred_mask.append(mask)
+            touched.update(p.makes[u])
+            touched.update(p.reads[u])
+        frees: list[list[tuple[int, int]]] = [[] for _ in units]
+        storages = []
+        freeable_in = 0
+        for s in sorted(touched):
+            nbytes = p.sbytes[s]
+            prod = local.get(p.sprod[s], -1)
+            readers = 0
+            escapes = p.soutput[s]
+            for r in p.sreaders[s]:
+                j = local.get(r)
+                if j is not None:
+                    readers |= 1 << j
+                elif r not in self.done:
+                    escapes = True  # read by a later segment
+            storages.append((nbytes, prod, readers, escapes))
+            if escapes or not readers:
+                continue
+            if prod < 0:
+                freeable_in += nbytes
+            bits = readers
+            while bits:
+                low = bits & -bits
+                frees[low.bit_length() - 1].append((readers & ~low, nbytes))
+                bits ^= low
+        return SegmentProblem(
+            units=units,
+            pred_mask=tuple(pred_mask),
+            succ=tuple(tuple(x) for x in succ),
+            alloc=tuple(p.alloc[u] for u in units),
+            kept=tuple(p.kept(u) for u in units),
+            frees=tuple(tuple(f) for f in frees),
+            live_in=self.live,
+            fixed=self.live - freeable_in,
+            storages=tuple(storages),
+        )
 
 
-def _segment(
-    problem: Problem,
-    units: Sequence[int],
-    k: int,
-    seg_of: dict[int, int],
-    before: frozenset[int],
-    touched: set[int],
-    live_in: int,
-) -> SegmentProblem:
-    units = tuple(sorted(units))
-    local = {u: i for i, u in enumerate(units)}
-    pred_mask = []
-    succ: list[list[int]] = [[] for _ in units]
-    for i, u in enumerate(units):
-        mask = 0
-        for p in problem.preds[u]:
-            j = local.get(p)
-            if j is not None:
-                mask |= 1 << j
-                succ[j].append(i)
-        pred_mask.append(mask)
-    frees: list[list[tuple[int, int]]] = [[] for _ in units]
-    storages = []
-    freeable_in = 0
-    for s in sorted(touched):
-        nbytes = problem.sbytes[s]
-        prod = local.get(problem.sprod[s], -1)
-        readers = 0
-        escapes = problem.soutput[s]
-        for r in problem.sreaders[s]:
-            j = local.get(r)
-            if j is not None:
-                readers |= 1 << j
-            elif r not in before and seg_of.get(r, k + 1) > k:
-                escapes = True
-        if not readers and prod < 0:
-            continue  # read only elsewhere: a constant part of live_in, or dead already
-        storages.append((nbytes, prod, readers, escapes))
-        if escapes or not readers:
-            continue
-        if prod < 0:
-            freeable_in += nbytes
-        bits = readers
-        while bits:
-            low = bits & -bits
-            j = low.bit_length() - 1
-            frees[j].append((readers & ~low, nbytes))
-            bits ^= low
-    return SegmentProblem(
-        units=units,
-        pred_mask=tuple(pred_mask),
-        succ=tuple(tuple(s) for s in succ),
-        alloc=tuple(problem.alloc[u] for u in units),
-        kept=tuple(problem.kept(u) for u in units),
-        frees=tuple(tuple(f) for f in frees),
-        live_in=live_in,
-        fixed=live_in - freeable_in,
-        storages=tuple(storages),
-    )
+def segment_problems(
+    problem: Problem, segments: Sequence[Sequence[int]], before: Iterable[int] = ()
+) -> list[SegmentProblem]:
+    """The segment problems of running `before`, then `segments` in turn, then everything else
+    (units in none of them run after all segments: their reads escape)."""
+    sweep = Sweep(problem, before)
+    out = []
+    for units in segments:
+        out.append(sweep.segment(units))
+        sweep.advance(sorted(units))
+    return out

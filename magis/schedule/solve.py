@@ -1,38 +1,56 @@
 """Schedule a set of units: partition, solve each segment, merge (MAGIS §6.1, Alg. 2 line 11).
 
-The pipeline for a unit set (the whole graph, or the reschedule interval of Alg. 2):
+The unit set (the whole graph, or the reschedule interval of Alg. 2) is worked off as a queue
+of segments, left to right, starting with the whole set:
 
-1. small sets (at most `whole_limit` units) go to the DP whole: exact whenever it finishes;
-2. otherwise floaters are peeled off, the core is cut at nw <= 1 (`narrow_waist`), floaters are
-   placed (`placement`), and each segment gets the list schedule as an upper bound, then the DP
-   within `budget` expansions when it has at most `dp_limit` units;
-3. the segment orders are concatenated in segment order.
+* a segment of at most `dp_limit` units gets the list schedule as its upper bound, then the DP
+  within `budget` expansions; if the DP finishes, its order is optimal for the segment and is
+  emitted;
+* a segment too large, or one the DP could not finish, is split one level (`partition.split`:
+  its narrow-waist cuts, peeling floaters if it has none) and its parts go to the front of the
+  queue;
+* a segment that cannot be split is emitted with the best order known (list schedule, or what
+  the DP beat it with).
+
+So the DP sees segments as large as it can finish — a floater's placement between segments is a
+heuristic, the DP's order within one is not — and the partition goes only as deep as needed.
+`total_budget` caps the expansions of a whole solve: past it, segments get the list schedule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from magis.schedule.dp import DEFAULT_BUDGET, dp_schedule
+from magis.schedule.dp import DEFAULT_BUDGET
 from magis.schedule.heuristic import list_schedule
-from magis.schedule.narrow_waist import closure, cut_segments, peel_floaters
-from magis.schedule.placement import place_floaters
+from magis.schedule.memo import DpMemo, run_dp
+from magis.schedule.narrow_waist import bits, closure
+from magis.schedule.partition import split
 from magis.schedule.problem import Problem
-from magis.schedule.segment import SegmentProblem, segment_problems
+from magis.schedule.segment import SegmentProblem, Sweep
 
-WHOLE_LIMIT = 40  # units the DP is tried on whole before partitioning
-DP_LIMIT = 120  # larger segments get the list schedule only
+DP_LIMIT = 64  # units: larger segments are split before the DP is tried
+TOTAL_BUDGET = 2_000_000  # DP expansions per solve
+WHOLE_LIMIT = 24  # units: smaller sets skip the partition
+WINDOW = 40  # units around the peak re-solved after merging
+POLISH_ROUNDS = 8
+POLISH_BUDGET = 20_000
 
 
 @dataclass(frozen=True)
 class Options:
-    """Knobs of the DP scheduler; `budget` is DP state expansions per segment."""
+    """Knobs of the DP scheduler; budgets count DP state expansions (deterministic)."""
 
-    budget: int = DEFAULT_BUDGET
-    whole_limit: int = WHOLE_LIMIT
+    budget: int = DEFAULT_BUDGET  # per segment
+    total_budget: int = TOTAL_BUDGET  # per solve
     dp_limit: int = DP_LIMIT
     use_dp: bool = True
+    whole_limit: int = WHOLE_LIMIT  # sets this small go to the DP before any partition
+    window: int = WINDOW  # units re-solved around the peak after merging
+    polish_rounds: int = POLISH_ROUNDS
+    polish_budget: int = POLISH_BUDGET  # per window
 
 
 @dataclass(frozen=True)
@@ -46,65 +64,126 @@ class SegmentInfo:
 @dataclass(frozen=True)
 class Solution:
     units: tuple[int, ...]  # unit order
-    segments: tuple[SegmentInfo, ...]
+    segments: tuple[SegmentInfo, ...]  # as partitioned and solved, before polishing
+    expanded: int  # DP states expanded in all
+    peak_bytes: int  # of the whole order (`before`, then `units`), resident included
 
 
 def solve(
     problem: Problem,
     units: Sequence[int],
-    options: Options = Options(),
-    before: frozenset[int] = frozenset(),
+    options: Options | None = None,
+    before: Iterable[int] = (),
+    memo: DpMemo | None = None,
+    polished: bool = True,
 ) -> Solution:
-    """An order of `units` (a dependency-closed middle part: `before` runs first, the rest last)."""
-    units = sorted(units)
-    if not units:
-        return Solution((), ())
-    if options.use_dp and len(units) <= options.whole_limit:
-        (seg,) = segment_problems(problem, [units], before)
-        order, info = _solve_segment(problem, seg, options)
-        if info.exact:
-            return Solution(order, (info,))
-    return _solve_partitioned(problem, units, options, before)
-
-
-def partition(
-    problem: Problem, units: Sequence[int], before: frozenset[int] = frozenset()
-) -> list[list[int]]:
-    """Segments of `units` in run order (narrow-waist cuts of the core, floaters placed)."""
+    """An order of `units`, a dependency-closed middle part: `before` runs first, the rest last.
+    `memo` answers DP calls on segments seen before (`memo.DpMemo`); `polished=False` leaves the
+    polish to a caller that polishes a larger order anyway (incremental scheduling)."""
+    options = options if options is not None else Options()
+    before = sorted(before)
     clo = closure(problem, sorted(units))
-    core = peel_floaters(clo)
-    core_seg, _cuts = cut_segments(clo, core)
-    floaters = [u for i, u in enumerate(clo.units) if not core >> i & 1]
-    nsegs = max(core_seg.values(), default=0) + 1
-    placed = place_floaters(problem, clo, core_seg, floaters, nsegs, before)
-    buckets: list[list[int]] = [[] for _ in range(nsegs)]
-    for u, k in (*core_seg.items(), *placed.items()):
-        buckets[k].append(u)
-    return [sorted(b) for b in buckets if b]
-
-
-def _solve_partitioned(
-    problem: Problem, units: list[int], options: Options, before: frozenset[int]
-) -> Solution:
-    segments = partition(problem, units, before)
+    if not clo.units:
+        return Solution((), (), 0, problem.resident + Sweep(problem, before).live)
+    sweep = Sweep(problem, before)
+    whole = (1 << len(clo.units)) - 1
+    # GraphPartition first (Alg. 2 line 11), unless the set is small enough for the DP whole
+    queue = deque(
+        [whole] if len(clo.units) <= options.whole_limit else split(problem, clo, whole, sweep.done)
+    )
     order: list[int] = []
-    infos = []
-    for seg in segment_problems(problem, segments, before):
-        part, info = _solve_segment(problem, seg, options)
-        order.extend(part)
-        infos.append(info)
-    return Solution(tuple(order), tuple(infos))
+    infos: list[SegmentInfo] = []
+    spent = 0
+    while queue:
+        mask = queue.popleft()
+        seg = sweep.segment(clo.units[i] for i in bits(mask))
+        tries_dp = options.use_dp and seg.m <= options.dp_limit and spent < options.total_budget
+        if tries_dp:
+            local, peak, exact, expanded = _dp(problem, seg, options, memo)
+            spent += expanded
+            if exact:
+                _emit(problem, sweep, seg, local, peak, True, order, infos)
+                continue
+        parts = split(problem, clo, mask, sweep.done)
+        if len(parts) > 1:
+            queue.extendleft(reversed(parts))
+            continue
+        if not tries_dp:
+            heur = list_schedule(seg)
+            local, peak = heur.order, heur.peak
+        _emit(problem, sweep, seg, local, peak, False, order, infos)
+    if polished:
+        order, spent = polish(problem, order, before, options, spent, memo)
+    peak = problem.resident + max(step_memory(problem, order, before))
+    return Solution(tuple(order), tuple(infos), spent, peak)
 
 
-def _solve_segment(
-    problem: Problem, seg: SegmentProblem, options: Options
-) -> tuple[tuple[int, ...], SegmentInfo]:
-    """List schedule, then the DP seeded with it as the bound to beat."""
+def step_memory(problem: Problem, units: Sequence[int], before: Iterable[int] = ()) -> list[int]:
+    """Bytes live at each unit's step (resident excluded) when `before`, then `units`, run."""
+    sweep = Sweep(problem, before)
+    steps = []
+    for u in units:
+        steps.append(sweep.live + problem.alloc[u])
+        sweep.advance((u,))
+    return steps
+
+
+def polish(
+    problem: Problem,
+    units: list[int],
+    before: Iterable[int],
+    options: Options,
+    spent: int = 0,
+    memo: DpMemo | None = None,
+) -> tuple[list[int], int]:
+    """Re-solve a window of `options.window` units around the peak step with the DP while that
+    lowers the peak: a segment boundary chosen by the partition may have kept two parts from
+    interleaving (a NASNet cell's blocks with the next cell's), and a window spans it. The
+    window is tried centred on the peak, then with the peak near its end and near its start."""
+    before = list(before)
+    for _ in range(options.polish_rounds):
+        if not options.use_dp or len(units) <= 1 or spent >= options.total_budget:
+            break
+        steps = step_memory(problem, units, before)
+        k = max(range(len(steps)), key=steps.__getitem__)
+        for offset in (options.window // 2, options.window * 3 // 4, options.window // 4):
+            lo = max(0, min(k - offset, len(units) - options.window))
+            sweep = Sweep.at(problem, {*before, *units[:lo]}, steps[lo] - problem.alloc[units[lo]])
+            better, spent = _polish_window(problem, units, lo, sweep, options, memo, spent)
+            if better is not None:
+                units = better
+                break
+        else:
+            break
+    return units, spent
+
+
+def _polish_window(problem, units, lo, sweep, options, memo, spent):
+    """(improved order or None, expansions spent) for the window of units from position lo."""
+    window = units[lo : lo + options.window]
+    seg = sweep.segment(window)
+    local = {u: i for i, u in enumerate(seg.units)}
+    current = tuple(local[u] for u in window)
+    peak = seg.peak_of(current)
+    res = run_dp(problem, seg, (current, peak), options.polish_budget, memo)
+    spent += res.expanded
+    if res.peak >= peak:
+        return None, spent
+    return [*units[:lo], *(seg.units[i] for i in res.order), *units[lo + len(window) :]], spent
+
+
+def _dp(
+    problem: Problem, seg: SegmentProblem, options: Options, memo: DpMemo | None
+) -> tuple[tuple[int, ...], int, bool, int]:
+    """The list schedule, then the DP seeded with it as the bound to beat."""
     heur = list_schedule(seg)
-    order, peak, exact = heur.order, heur.peak, False
-    if options.use_dp and seg.m <= options.dp_limit:
-        res = dp_schedule(seg, (heur.order, heur.peak), options.budget)
-        order, peak, exact = res.order, res.peak, res.exact
-    nodes = sum(len(problem.members[u]) for u in seg.units)
-    info = SegmentInfo(seg.m, nodes, exact, problem.resident + peak)
-    return tuple(seg.units[i] for i in order), info
+    res = run_dp(problem, seg, (heur.order, heur.peak), options.budget, memo)
+    return res.order, res.peak, res.exact, res.expanded
+
+
+def _emit(problem, sweep, seg, local, peak, exact, order, infos) -> None:
+    units = [seg.units[i] for i in local]
+    order.extend(units)
+    sweep.advance(units)
+    nodes = sum(len(problem.members[u]) for u in units)
+    infos.append(SegmentInfo(seg.m, nodes, exact, problem.resident + peak))
