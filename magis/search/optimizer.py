@@ -15,9 +15,10 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from magis.cost import CostModel
+from magis.errors import MagisError
 from magis.ir import Graph
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, candidates
 from magis.rules.remat import DEREMAT, REMAT
@@ -25,6 +26,7 @@ from magis.rules.swap import DESWAP, SWAP
 from magis.rules.taso import TASO_RULES
 from magis.schedule import incremental_schedule, schedule
 from magis.schedule.swaps import time_swaps
+from magis.search import fission_moves
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.search.state import MState, Objective
 from magis.sim import simulate
@@ -82,10 +84,16 @@ class _Timer:
             self.stats.breakdown[part] += time.perf_counter() - start
 
 
-def initial_state(graph: Graph, cost: CostModel) -> MState:
-    """The graph scheduled by the DP scheduler (re-ordering costs no time: MAGIS §5.2)."""
+def initial_state(graph: Graph, cost: CostModel, fission: bool = True) -> MState:
+    """The graph scheduled by the DP scheduler (re-ordering costs no time: MAGIS §5.2), with
+    its F-Tree (Analyze, Alg. 1) when `fission` is on."""
     order = schedule(graph, "dp").order
-    return MState(graph, order, simulate(graph, order, cost), wl_hash(graph))
+    state = MState(graph, order, simulate(graph, order, cost), wl_hash(graph))
+    analysis = fission_moves.analyze(graph, list(order)) if fission else None
+    if analysis is None:
+        return state
+    base, base_order, tree = analysis
+    return replace(state, ftree=tree, fission_base=base, fission_base_order=base_order)
 
 
 def optimize_graph(
@@ -98,13 +106,14 @@ def optimize_graph(
     hotspots_only: bool = True,
     on_improvement: Callable[[Improvement], None] | None = None,
     max_states: int | None = None,
+    fission: bool = True,
 ) -> SearchResult:
     """Alg. 3 on `graph` under `objective`, for at most `time_budget` seconds."""
     rules = tuple(rules) if rules is not None else default_rules()
     start = time.perf_counter()
     stats = SearchStats()
     timer = _Timer(stats)
-    init = initial_state(graph, cost)
+    init = initial_state(graph, cost, fission)
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
     tie = itertools.count()
@@ -117,18 +126,18 @@ def optimize_graph(
                 break
             _, _, state = heapq.heappop(queue)
             ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, hotspots_only)
-            for rewrite in candidates(rules, ctx):
+            for name, make_child in _moves(state, rules, ctx, cost, seen, timer):
                 if time.perf_counter() - start >= time_budget:
                     break
-                child = _evaluate(state, rewrite, cost, seen, timer)
+                child = make_child()
                 if child is None:
                     continue
                 stats.states_explored += 1
-                stats.rules_applied[rewrite.rule] += 1
+                stats.rules_applied[name] += 1
                 if objective.better(child, best):
                     best = child
                     imp = Improvement(
-                        time.perf_counter() - start, child.memory, child.latency, rewrite.rule
+                        time.perf_counter() - start, child.memory, child.latency, name
                     )
                     improvements.append(imp)
                     if on_improvement is not None:
@@ -139,6 +148,49 @@ def optimize_graph(
         interrupted = True
     return SearchResult(
         init, best, objective, stats, tuple(improvements), time.perf_counter() - start, interrupted
+    )
+
+
+def _moves(state: MState, rules, ctx: RuleContext, cost: CostModel, seen: set[int], timer: _Timer):
+    """(rule name, lazy child) pairs: F-Tree mutations first while the lineage allows them."""
+    if state.ftree is not None:
+        for description, build_tree in fission_moves.moves(state.ftree):
+            name = "fission:" + description.split()[0]
+            yield (
+                name,
+                lambda b=build_tree, n=name: _evaluate_fission(state, b, n, cost, seen, timer),
+            )
+    for rewrite in candidates(rules, ctx):
+        yield rewrite.rule, lambda r=rewrite: _evaluate(state, r, cost, seen, timer)
+
+
+def _evaluate_fission(
+    state: MState, build_tree, name: str, cost: CostModel, seen: set[int], timer: _Timer
+):
+    """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
+    hierarchical schedule (each enabled region's parts one after the other)."""
+    tree = timer.run("transform", build_tree)
+    try:
+        done = timer.run(
+            "transform", fission_moves.apply, state.fission_base, state.fission_base_order, tree
+        )
+    except MagisError:
+        return None
+    h = timer.run("hash", wl_hash, done.graph)
+    if h.value in seen:
+        timer.stats.duplicates += 1
+        return None
+    seen.add(h.value)
+    sim = timer.run("simulate", simulate, done.graph, done.order, cost)
+    return replace(
+        state,
+        graph=done.graph,
+        order=tuple(done.order),
+        sim=sim,
+        hash=h,
+        history=(*state.history, name),
+        frozen=done.frozen,
+        ftree=tree,
     )
 
 
@@ -161,6 +213,7 @@ def _evaluate(
     seen.add(h.value)
     order = timer.run("schedule", _reschedule, state, result, cost)
     sim = timer.run("simulate", simulate, result.graph, order, cost)
+    # Any rule other than an F-Tree mutation ends the lineage's fission moves (module docstring).
     return MState(result.graph, tuple(order), sim, h, (*state.history, rewrite.rule), state.frozen)
 
 

@@ -25,6 +25,12 @@ class MState:
     hash: GraphHash = field(repr=False)
     history: tuple[str, ...] = ()  # rule names applied, oldest first
     frozen: frozenset[int] = frozenset()  # nodes of enabled F-Tree regions
+    # The F-Tree and the graph it was built on, while every rule applied so far was an F-Tree
+    # mutation: then `graph` is `fission_base` with the tree's enabled nodes materialized, and
+    # a mutation re-materializes from the base. Any other rule ends this (see optimizer.py).
+    ftree: object | None = field(default=None, repr=False)
+    fission_base: Graph | None = field(default=None, repr=False)
+    fission_base_order: tuple[int, ...] | None = field(default=None, repr=False)
 
     @property
     def memory(self) -> int:

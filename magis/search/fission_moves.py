@@ -1,0 +1,65 @@
+"""F-Tree mutations as search moves (MAGIS §5.1, Fig. 7, inside Alg. 3).
+
+The F-Tree is built once on the initial graph (Analyze, Alg. 1). While a lineage of states has
+seen only F-Tree mutations, its graph is the base graph with the tree's enabled nodes
+materialized (magis.rules.fission), so enable, lift, disable and mutate are exact: each one
+re-materializes from the base. Nodes inside materialized regions are frozen — no other rule
+matches across an enabled region's boundary (§3) — and the first non-fission rule applied ends
+the lineage's F-Tree moves (re-analysis per state would cost seconds on LLM graphs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from magis.analyze.ftree import build_ftree
+from magis.errors import MagisError
+from magis.ir import Graph
+from magis.rules.fission import candidates as ftree_candidates
+from magis.rules.fission import materialize, prepare
+
+
+@dataclass(frozen=True)
+class FissionMove:
+    description: str
+    tree: object  # the mutated FTree (built lazily by the caller through `build`)
+    build: object
+
+
+@dataclass(frozen=True)
+class Fissioned:
+    graph: Graph
+    order: list[int]
+    frozen: frozenset[int]
+    tree: object
+
+
+def analyze(graph: Graph, order: list[int], max_level: int = 4):
+    """(prepared base graph, its order, F-Tree) for the initial state, or None when the graph
+    offers no fission (an unprepared graph, or nothing hot is splittable)."""
+    try:
+        base = prepare(graph)
+        base_order = base.topological_order()
+        tree = build_ftree(base, max_level=max_level, order=base_order)
+    except MagisError:
+        return None
+    if len(tree) == 0:
+        return None
+    return base, tuple(base_order), tree
+
+
+def moves(tree) -> Iterator[tuple[str, object]]:
+    """Lazy (description, build-new-tree) pairs: every applicable F-Tree mutation."""
+    for cand in ftree_candidates(tree):
+        yield cand.description, cand.build
+
+
+def apply(base: Graph, base_order, tree) -> Fissioned:
+    """Materialize `tree`'s enabled nodes on `base`; the copies are frozen."""
+    mat = materialize(base, tree, list(base_order))
+    frozen = frozenset()
+    for t in mat.applied:
+        for v, _ in tree.nodes[t].ftrans.split:
+            frozen |= frozenset(mat.ids.get(v, ()))
+    return Fissioned(mat.graph, mat.order, frozen, tree)
