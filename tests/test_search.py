@@ -41,3 +41,18 @@ def test_objective_ranks_satisfying_states_first():
     lat = Objective(Mode.LATENCY_LIMIT, 1.0)
     assert lat.better(S(100, 0.9), S(10, 1.5))
     assert lat.better(S(50, 0.9), S(100, 0.5))
+
+
+def test_fission_moves_alone_find_a_plan_that_verifies():
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    cost = get_cost_model("rtx3090")
+    base = simulate(step.graph, step.graph.program_order(), cost)
+    objective = Objective(Mode.LATENCY_LIMIT, 2.0 * base.latency_s)
+    result = optimize_graph(step.graph, cost, objective, time_budget=60, rules=(), max_states=12)
+    assert any(h.startswith("fission:") for h in result.best.history), result.stats.rules_applied
+    best = result.best
+    program = compile_program(best.graph, list(best.order))
+    inputs = step.make_inputs()
+    assert verify(step, program, inputs).verified
+    measured = measure(program, step.program_inputs(inputs), repeats=1, warmup=0)
+    assert abs(measured.peak_bytes - best.memory) <= 0.05 * measured.peak_bytes
