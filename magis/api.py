@@ -200,6 +200,90 @@ def run(
     return run_step(step, workload, hardware, progress=progress)
 
 
+@dataclass
+class ScheduleReport:
+    """`magis schedule`: one scheduler on one workload, against the captured program order."""
+
+    workload: str
+    scheduler: str
+    hardware: str
+    nodes: int
+    peak_bytes: int
+    program_peak_bytes: int
+    peak_ratio: float  # peak_bytes / program_peak_bytes
+    latency_s: float  # simulated; re-ordering leaves it unchanged without Store/Load
+    program_latency_s: float
+    segments: int
+    exact_segments: int  # segments the DP proved optimal
+    largest_segment: int  # units
+    seconds: float  # the scheduler's wall time
+    capture_seconds: float
+    total_seconds: float  # capture + scheduling + simulation
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def schedule_step(
+    step: Step,
+    name: str,
+    scheduler: str = "dp",
+    hardware: str = "rtx3090",
+    budget: int | None = None,
+    progress: Progress = _nothing,
+    capture_seconds: float = 0.0,
+) -> ScheduleReport:
+    """Schedule `step`'s graph with `scheduler` and simulate it against the program order."""
+    from magis.schedule import Scheduler, schedule
+
+    start = time.perf_counter()
+    kind = Scheduler.parse(scheduler)  # a bad name fails before any work
+    cost = prepare_cost(hardware, step, progress)
+    graph = step.graph
+    progress("simulating program order")
+    base = simulate(graph, graph.program_order(), cost)
+    progress(f"scheduling ({kind.value})")
+    res = schedule(graph, kind) if budget is None else schedule(graph, kind, budget=budget)
+    sim = simulate(graph, res.order, cost)
+    return ScheduleReport(
+        workload=name,
+        scheduler=kind.value,
+        hardware=hardware,
+        nodes=len(graph),
+        peak_bytes=sim.peak_bytes,
+        program_peak_bytes=base.peak_bytes,
+        peak_ratio=sim.peak_bytes / base.peak_bytes,
+        latency_s=sim.latency_s,
+        program_latency_s=base.latency_s,
+        segments=len(res.segments),
+        exact_segments=res.exact_segments,
+        largest_segment=max((s.units for s in res.segments), default=0),
+        seconds=res.seconds,
+        capture_seconds=capture_seconds,
+        total_seconds=capture_seconds + time.perf_counter() - start,
+    )
+
+
+def schedule_workload(
+    workload: str,
+    scheduler: str = "dp",
+    hardware: str = "rtx3090",
+    batch: int | None = None,
+    budget: int | None = None,
+    progress: Progress = _nothing,
+) -> ScheduleReport:
+    """Capture `workload` and re-order its training step (MAGIS §5.2, §6.1)."""
+    from magis.schedule import Scheduler
+
+    Scheduler.parse(scheduler)
+    progress("capturing")
+    start = time.perf_counter()
+    _, step = workload_step(workload, batch)
+    return schedule_step(
+        step, workload, scheduler, hardware, budget, progress, time.perf_counter() - start
+    )
+
+
 def _float_dtype(step: Step) -> torch.dtype:
     g = step.graph
     for p in g.placeholders(PlaceholderKind.WEIGHT) or g.placeholders():
@@ -207,3 +291,209 @@ def _float_dtype(step: Step) -> torch.dtype:
         if dt.is_floating_point:
             return dt
     return torch.get_default_dtype()
+
+
+# --- memory layout (ROAM §IV-B): `magis layout`, `magis run --layout` ---------------------------
+
+
+@dataclass
+class LayoutReport:
+    """`magis layout`: an offset for every tensor of a schedule, and how much the arena wastes."""
+
+    workload: str
+    schedule: str  # "program", "dp", or the plan file laid out
+    method: str
+    storages: int
+    theoretical_peak_bytes: int  # non-resident bytes alive together at most (ROAM's Tp)
+    arena_bytes: int
+    fragmentation: float  # (arena - theoretical peak) / theoretical peak
+    llfb_arena_bytes: int
+    llfb_fragmentation: float
+    resident_bytes: int  # weights, buffers, optimizer state, data: outside the arena
+    pieces: int
+    pieces_solved: int  # pieces CP-SAT ran on (the rest met the bound greedily)
+    pieces_optimal: int
+    fell_back_to_llfb: bool
+    seconds: float  # the layout alone
+    capture_seconds: float
+    schedule_seconds: float
+    total_seconds: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _schedule_for(step: Step, scheduler: str, plan: str | None, progress: Progress):
+    """(graph, order, schedule label, seconds) of the step re-ordered, or of a saved plan."""
+    start = time.perf_counter()
+    if plan is not None:
+        from magis.planning import Plan, check_plan_matches
+
+        progress("reading the plan")
+        saved = Plan.load(plan)
+        check_plan_matches(saved, step)
+        return saved.graph, list(saved.order), str(plan), time.perf_counter() - start
+    from magis.schedule import Scheduler, schedule
+
+    kind = Scheduler.parse(scheduler)
+    if kind is Scheduler.PROGRAM:
+        return step.graph, step.graph.program_order(), kind.value, 0.0
+    progress(f"scheduling ({kind.value})")
+    order = list(schedule(step.graph, kind).order)
+    return step.graph, order, kind.value, time.perf_counter() - start
+
+
+def layout(
+    workload: str,
+    method: str = "exact",
+    scheduler: str = "program",
+    plan: str | None = None,
+    batch: int | None = None,
+    progress: Progress = _nothing,
+) -> LayoutReport:
+    """Capture `workload`, order it (program order, a scheduler, or a saved plan) and lay out
+    its tensors in one arena with `method` (ROAM §IV-B)."""
+    from magis.layout import LayoutMethod, plan_layout
+    from magis.schedule import Scheduler
+
+    kind = LayoutMethod.parse(method)  # bad names fail before any work
+    Scheduler.parse(scheduler)
+    start = time.perf_counter()
+    progress("capturing")
+    if plan is not None:
+        from magis.planning import capture_workload
+
+        step = capture_workload(workload)
+    else:
+        _, step = workload_step(workload, batch)
+    capture_s = time.perf_counter() - start
+    graph, order, label, schedule_s = _schedule_for(step, scheduler, plan, progress)
+    progress(f"laying out ({kind.value})")
+    lay = plan_layout(graph, order, kind)
+    peak = lay.theoretical_peak_bytes
+    return LayoutReport(
+        workload=workload,
+        schedule=label,
+        method=kind.value,
+        storages=len(lay.lifetimes),
+        theoretical_peak_bytes=peak,
+        arena_bytes=lay.arena_bytes,
+        fragmentation=lay.fragmentation,
+        llfb_arena_bytes=lay.llfb_arena_bytes,
+        llfb_fragmentation=(lay.llfb_arena_bytes - peak) / peak if peak else 0.0,
+        resident_bytes=_resident_bytes(graph),
+        pieces=len(lay.pieces),
+        pieces_solved=lay.pieces_solved,
+        pieces_optimal=lay.pieces_optimal,
+        fell_back_to_llfb=lay.fell_back_to_llfb,
+        seconds=lay.seconds,
+        capture_seconds=capture_s,
+        schedule_seconds=schedule_s,
+        total_seconds=time.perf_counter() - start,
+    )
+
+
+@dataclass
+class LayoutRunReport:
+    """`magis run --layout`: the step executed inside one preallocated arena."""
+
+    workload: str
+    dtype: str
+    schedule: str
+    method: str
+    verified: bool
+    max_rel_err: float
+    worst_value: str
+    tolerance: float
+    theoretical_peak_bytes: int
+    arena_bytes: int  # planned
+    fragmentation: float
+    measured_peak_bytes: int  # dispatch tracker: residents + arena + transients
+    resident_bytes: int
+    measured_nonresident_bytes: int  # measured peak - residents: arena + transients
+    copied_ops: int  # ops without an out= overload: computed, then copied into their slot
+    transient_bytes: int  # the largest result such an op allocates before its copy
+    wrapped_ops: int  # out= overloads PyTorch runs as compute-then-copy (hidden temporaries)
+    hidden_bytes: int  # the largest temporary those can hide from the tracker
+    latency_s: float  # measured wall time of one step in the arena (median)
+    device: str
+    cuda_reserved_peak_bytes: int | None  # caching allocator, same plan without the arena
+    cuda_allocated_peak_bytes: int | None
+    cuda_arena_reserved_peak_bytes: int | None  # caching allocator, with the arena
+    seconds: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def run_layout(
+    workload: str,
+    method: str = "exact",
+    scheduler: str = "program",
+    plan: str | None = None,
+    progress: Progress = _nothing,
+    repeats: int = 5,
+    seed: int = 0,
+) -> LayoutRunReport:
+    """Execute a :tiny or :small workload inside one arena laid out by `method`; verify it
+    against eager PyTorch and measure it. With CUDA, also run the same plan on the GPU, with and
+    without the arena, under the caching allocator."""
+    from magis.backend.arena import compile_arena_program, cuda_peaks
+    from magis.errors import MagisError
+    from magis.layout import check_layout, plan_layout
+    from magis.planning import capture_workload
+
+    if ":" not in workload or workload.endswith(":paper"):
+        raise MagisError(f"{workload} is paper-size (fake tensors): run {workload}:tiny instead")
+    start = time.perf_counter()
+    progress("capturing")
+    step = capture_workload(workload)
+    graph, order, label, _ = _schedule_for(step, scheduler, plan, progress)
+    progress(f"laying out ({method})")
+    lay = plan_layout(graph, order, method)
+    check_layout(lay)
+    progress("generating code")
+    program = compile_arena_program(graph, order, lay)
+    inputs = step.make_inputs(seed=seed)
+    dtype = _float_dtype(step)
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    progress("verifying against eager PyTorch")
+    check = verify(step, program.program, inputs, tolerance=tol, seed=seed)
+    progress("measuring")
+    measured = measure(program.program, step.program_inputs(inputs), repeats=repeats, seed=seed)
+    cuda = cuda_peaks(graph, order, lay, step.program_inputs(inputs)) if _has_cuda() else None
+    return LayoutRunReport(
+        workload=workload,
+        dtype=str(dtype).removeprefix("torch."),
+        schedule=label,
+        method=lay.method.value,
+        verified=check.verified,
+        max_rel_err=check.max_rel_err,
+        worst_value=check.worst,
+        tolerance=tol,
+        theoretical_peak_bytes=lay.theoretical_peak_bytes,
+        arena_bytes=lay.arena_bytes,
+        fragmentation=lay.fragmentation,
+        measured_peak_bytes=measured.peak_bytes,
+        resident_bytes=measured.resident_bytes,
+        measured_nonresident_bytes=measured.peak_bytes - measured.resident_bytes,
+        copied_ops=len(program.copied_ops),
+        transient_bytes=program.transient_bytes,
+        wrapped_ops=len(program.wrapped_ops),
+        hidden_bytes=program.hidden_bytes,
+        latency_s=measured.wall_s,
+        device="cpu",
+        cuda_reserved_peak_bytes=cuda.reserved if cuda else None,
+        cuda_allocated_peak_bytes=cuda.allocated if cuda else None,
+        cuda_arena_reserved_peak_bytes=cuda.arena_reserved if cuda else None,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _resident_bytes(graph) -> int:
+    smap = graph.storages()
+    return sum(smap.nbytes[s] for s in smap.resident)

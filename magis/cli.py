@@ -144,11 +144,18 @@ def run_cmd(
     plan: Annotated[
         Path | None, typer.Option("--plan", help="Run this saved plan instead of program order.")
     ] = None,
+    layout: Annotated[
+        bool,
+        typer.Option("--layout", help="Run inside one preallocated arena (ROAM memory layout)."),
+    ] = False,
     json_path: JsonOpt = None,
 ) -> None:
     """Execute a :tiny or :small workload as generated code; verify it and measure its peak."""
     from magis.api import run
 
+    if layout:
+        _run_layout(workload, plan, json_path)
+        return
     with _progress(f"running {workload}") as progress:
         if plan is not None:
             from magis.planning import run_plan
@@ -241,6 +248,77 @@ def optimize_cmd(
     _write_json(json_path, plan.info)
 
 
+def _print_schedule(rep) -> None:
+    table = Table(title=f"{rep.workload}: {rep.scheduler} schedule", show_header=False)
+    table.add_row("nodes", str(rep.nodes))
+    table.add_row("peak memory", f"{_gib(rep.peak_bytes)} ({rep.peak_ratio:.3f} of program order)")
+    table.add_row("program order peak", _gib(rep.program_peak_bytes))
+    table.add_row("latency", _ms(rep.latency_s))
+    if rep.segments:
+        table.add_row(
+            "segments (DP-exact)",
+            f"{rep.segments} ({rep.exact_segments} exact, largest {rep.largest_segment} units)",
+        )
+    table.add_row("scheduler / total", f"{rep.seconds:.2f} s / {rep.total_seconds:.1f} s")
+    console.print(table)
+
+
+@app.command("schedule")
+def schedule_cmd(
+    workload: str,
+    scheduler: Annotated[
+        str, typer.Option("--scheduler", "-s", help="program (as captured) or dp (MAGIS §6.1).")
+    ] = "dp",
+    hardware: HardwareOpt = "rtx3090",
+    batch: Annotated[int | None, typer.Option(help="Override the workload's batch size.")] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Re-order a workload's training step for the least peak memory (MAGIS §5.2, §6.1)."""
+    from magis.api import schedule_workload
+
+    with _progress(f"scheduling {workload}") as progress:
+        rep = schedule_workload(workload, scheduler, hardware, batch, progress=progress)
+    _print_schedule(rep)
+    _write_json(json_path, rep.to_json())
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Experiments of the MAGIS paper (§7).")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("incremental")
+def bench_incremental_cmd(
+    dags: Annotated[int, typer.Option(min=1, help="Random NASNet-shaped DAGs.")] = 10,
+    rounds: Annotated[int, typer.Option(min=1, help="Rewrites per DAG.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the one random generator.")] = 0,
+    repeats: Annotated[int, typer.Option(min=1, help="Timings per case (the least is kept).")] = 3,
+    json_path: JsonOpt = None,
+) -> None:
+    """Incremental vs full scheduling after random rewrites (MAGIS §7.3, Fig. 14)."""
+    from magis.bench.incremental import run_incremental_bench
+
+    with _progress("incremental vs full scheduling") as progress:
+        rep = run_incremental_bench(dags, rounds, seed, progress, repeats)
+    table = Table(title="incremental (IS) vs full (FS) scheduling", show_header=False)
+    table.add_row("cases", str(len(rep.cases)))
+    table.add_row(
+        "speedup FS/IS",
+        f"mean {rep.mean_speedup:.1f}x, median {rep.median_speedup:.1f}x, "
+        f"min {rep.min_speedup:.1f}x, max {rep.max_speedup:.1f}x",
+    )
+    table.add_row(
+        "speedup distribution", ", ".join(f"{k}: {v}" for k, v in rep.speedup_histogram.items())
+    )
+    table.add_row(
+        "IS peak == FS peak",
+        f"{rep.equal_quality} of {len(rep.cases)} ({rep.better_quality} IS lower)",
+    )
+    table.add_row("worst IS/FS peak ratio", f"{rep.worst_quality_ratio:.4f}")
+    table.add_row("elapsed", f"{rep.seconds:.0f} s")
+    console.print(table)
+    _write_json(json_path, rep.to_json())
+
+
 @app.command("demo")
 def demo_cmd(json_path: JsonOpt = None) -> None:
     """Analyze bert-base at paper size, then run and verify bert-base:tiny."""
@@ -253,6 +331,90 @@ def demo_cmd(json_path: JsonOpt = None) -> None:
         ran = run("bert-base:tiny", "cpu", progress=progress)
     _print_run(ran)
     _write_json(json_path, {"analyze": rep.to_json(), "run": ran.to_json()})
+
+
+def _print_layout(rep) -> None:
+    table = Table(title=f"{rep.workload}: memory layout ({rep.schedule} order)", show_header=False)
+    table.add_row("theoretical peak", _gib(rep.theoretical_peak_bytes))
+    table.add_row(
+        f"arena ({rep.method})", f"{_gib(rep.arena_bytes)} ({rep.fragmentation:.3%} fragmentation)"
+    )
+    table.add_row(
+        "arena (llfb)", f"{_gib(rep.llfb_arena_bytes)} ({rep.llfb_fragmentation:.3%} fragmentation)"
+    )
+    table.add_row("storages / resident", f"{rep.storages} / {_gib(rep.resident_bytes)}")
+    if rep.pieces:
+        table.add_row(
+            "pieces",
+            f"{rep.pieces} ({rep.pieces_solved} solved by CP-SAT, {rep.pieces_optimal} optimal)"
+            + (", LLFB kept" if rep.fell_back_to_llfb else ""),
+        )
+    table.add_row(
+        "layout / total", f"{rep.seconds:.1f} s / {rep.total_seconds:.1f} s (capture included)"
+    )
+    console.print(table)
+
+
+@app.command("layout")
+def layout_cmd(
+    workload: str,
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="exact (ROAM: CP-SAT per piece) or llfb.")
+    ] = "exact",
+    scheduler: Annotated[
+        str, typer.Option("--scheduler", "-s", help="program (as captured) or dp (MAGIS §6.1).")
+    ] = "program",
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="Lay out this saved plan's graph and schedule.")
+    ] = None,
+    batch: Annotated[int | None, typer.Option(help="Override the workload's batch size.")] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Give every tensor an offset in one arena (ROAM §IV-B) and report its fragmentation."""
+    from magis.api import layout
+
+    with _progress(f"laying out {workload}") as progress:
+        rep = layout(
+            workload, method, scheduler, str(plan) if plan else None, batch, progress=progress
+        )
+    _print_layout(rep)
+    _write_json(json_path, rep.to_json())
+
+
+def _run_layout(workload: str, plan: Path | None, json_path: Path | None) -> None:
+    from magis.api import run_layout
+
+    with _progress(f"running {workload} in an arena") as progress:
+        rep = run_layout(workload, plan=str(plan) if plan else None, progress=progress)
+    ok = "[green]verified[/green]" if rep.verified else "[red]MISMATCH[/red]"
+    table = Table(title=f"{rep.workload} in one arena ({rep.dtype})", show_header=False)
+    table.add_row(
+        "against eager PyTorch",
+        f"{ok}, max relative error {rep.max_rel_err:.2e} ({rep.worst_value})",
+    )
+    table.add_row("theoretical peak", _gib(rep.theoretical_peak_bytes))
+    table.add_row("arena (planned)", f"{_gib(rep.arena_bytes)} ({rep.fragmentation:.3%})")
+    table.add_row("measured beyond residents", _gib(rep.measured_nonresident_bytes))
+    table.add_row(
+        "copied into slots",
+        f"{rep.copied_ops} ops (largest transient {_gib(rep.transient_bytes)})",
+    )
+    table.add_row(
+        "out= run as compute-then-copy",
+        f"{rep.wrapped_ops} ops (largest hidden temporary {_gib(rep.hidden_bytes)})",
+    )
+    table.add_row("measured latency", _ms(rep.latency_s))
+    if rep.cuda_reserved_peak_bytes is not None:
+        table.add_row(
+            "CUDA caching allocator",
+            f"reserved {_gib(rep.cuda_reserved_peak_bytes)}, "
+            f"allocated {_gib(rep.cuda_allocated_peak_bytes)}; "
+            f"with the arena reserved {_gib(rep.cuda_arena_reserved_peak_bytes)}",
+        )
+    console.print(table)
+    _write_json(json_path, rep.to_json())
+    if not rep.verified:
+        raise typer.Exit(1)
 
 
 def main(argv: list[str] | None = None) -> Any:

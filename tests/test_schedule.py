@@ -8,17 +8,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from magis.bench.incremental import run_incremental_bench
 from magis.cost import UnitCostModel
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
 from magis.schedule import (
     Scheduler,
     UnknownSchedulerError,
+    incremental_schedule,
     nw_values,
     problem_of,
     schedule,
 )
 from magis.schedule.dp import dp_schedule
-from magis.schedule.random_graphs import random_dag
+from magis.schedule.incremental import extend_bound
+from magis.schedule.memo import DpMemo
+from magis.schedule.random_graphs import (
+    NasnetShape,
+    RewriteKind,
+    nasnet_dag,
+    random_dag,
+    random_rewrite,
+)
 from magis.schedule.segment import segment_problems
 from magis.sim import simulate
 
@@ -148,3 +158,86 @@ def test_schedule_of_a_captured_training_step(mlp_step_factory):
         dp = schedule(g, Scheduler.DP, check=True)
         assert g.is_valid_schedule(list(dp.order))
         assert dp.peak_bytes <= program.peak_bytes
+
+
+# --- incremental scheduling (Alg. 2) -----------------------------------------------------------
+
+
+def test_extend_bound_walks_while_nw_falls_with_the_papers_constants():
+    psi = list(range(30))
+    # from position 0 outward: 50, 30, 12, 9, 11 -> stops after 9 (a waist <= 10, next >= 4)
+    nw = dict(enumerate([50, 30, 12, 9, 11, *[1] * 25]))
+    assert extend_bound(psi, nw, 0, 1) == 4
+    # tight waists keep it going: 5, 3, 2, 1, 0 all below 4, and it stops at the rise
+    nw = dict(enumerate([5, 3, 2, 1, 0, 7, *[0] * 24]))
+    assert extend_bound(psi, nw, 0, 1) == 5
+    # at most 20 steps
+    nw = {i: 100 - i for i in range(30)}
+    assert extend_bound(psi, nw, 0, 1) == 20
+    assert extend_bound(psi, nw, 29, -1) == 28  # rising that way: one step
+
+
+def test_incremental_on_an_unchanged_graph_equals_full_scheduling():
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        g = nasnet_dag(rng, NasnetShape(cells=4))
+        full = schedule(g, Scheduler.DP, check=True)
+        some = list(g.ops())[:: max(1, len(g) // 5)]
+        for node in some:
+            inc = incremental_schedule(g, full.order, g.copy(), {node}, check=True)
+            assert inc.peak_bytes == full.peak_bytes
+            lo, hi = inc.interval
+            assert 0 <= lo <= hi
+
+
+def test_incremental_after_random_rewrites_is_valid_and_close_to_full():
+    rng = np.random.default_rng(2)
+    g = nasnet_dag(rng, NasnetShape(cells=5))
+    order = schedule(g, Scheduler.DP).order
+    memo = DpMemo()
+    for _ in range(8):
+        rewrite = random_rewrite(g, rng)
+        assert rewrite is not None
+        new = rewrite.graph
+        inc = incremental_schedule(g, order, new, rewrite.changed, check=True, memo=memo)
+        full = schedule(new.copy(), Scheduler.DP, check=True)
+        assert inc.peak_bytes <= 1.05 * full.peak_bytes
+        assert inc.rescheduled < len(problem_of(new).members)
+        g, order = new, inc.order
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.integers(2, 40), updates=st.integers(0, 3))
+def test_incremental_orders_are_topological_after_any_rewrite(seed, ops, updates):
+    rng = np.random.default_rng(seed)
+    g = random_dag(rng, ops, n_updates=updates, p_view=0.2, p_multi=0.1)
+    order = schedule(g, Scheduler.DP).order
+    rewrite = random_rewrite(g, rng)
+    if rewrite is None:
+        return
+    inc = incremental_schedule(g, order, rewrite.graph, rewrite.changed, check=True)
+    assert rewrite.graph.is_valid_schedule(list(inc.order))
+
+
+def test_rewrites_keep_graphs_valid_and_say_what_they_touched():
+    rng = np.random.default_rng(3)
+    g = nasnet_dag(rng, NasnetShape(cells=3))
+    kinds = set()
+    for _ in range(20):
+        rewrite = random_rewrite(g, rng)
+        rewrite.graph.verify()
+        assert rewrite.changed and rewrite.changed <= set(g.nodes)
+        kinds.add(rewrite.kind)
+        g = rewrite.graph
+    assert kinds == set(RewriteKind)
+
+
+def test_bench_incremental_reports_the_fields_of_the_issue():
+    rep = run_incremental_bench(dags=1, rounds=2, seed=0, repeats=1)
+    data = rep.to_json()
+    for key in ("cases", "mean_speedup", "min_speedup", "max_speedup", "equal_quality"):
+        assert key in data
+    assert len(data["cases"]) == 2
+    assert data["min_speedup"] <= data["mean_speedup"] <= data["max_speedup"]
+    assert sum(data["speedup_histogram"].values()) == 2
+    assert 0 <= data["equal_quality"] <= 2 and data["worst_quality_ratio"] > 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -61,7 +61,6 @@ class IncrementalReport:
     quality_histogram: dict[str, int]
     seed: int
     seconds: float
-    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,12 +1,11 @@
-"""GraphPartition (MAGIS §6.1, Alg. 2 line 11), refined until segments are within the DP's reach.
+"""GraphPartition (MAGIS §6.1, Alg. 2 line 11), one level at a time.
 
-A scope (first the whole unit set) is cut at its narrow waists, nw <= 1. A segment still larger
-than `limit` units is partitioned again on its own: floaters are peeled off with a threshold
-that starts at half the segment's size and halves until the core falls apart at some waist
-(down to `min_window`, below which a segment is left whole to the list scheduler). Floaters join
-the sub-segment their dependencies and memory effect choose (`placement`). Peeling only where a
-segment is too big keeps as many decisions as possible inside the exact DP: a floater's place is
-a heuristic, the DP's order within a segment is not.
+`split` cuts a scope (a set of units) at its narrow waists, nw <= 1. A scope with none is cut
+again after peeling floaters off: a threshold starts at half the scope's size and halves until
+the core falls apart at some waist (down to `min_window`; below that the scope stays whole).
+Every unit that is not a cut is placed between the cuts by the floater rule (`placement`).
+`solve` splits only segments the DP cannot finish, so as many decisions as possible stay inside
+the exact DP: a floater's segment is a heuristic, the DP's order within a segment is not.
 
 Every edge goes from a segment to the same or a later one: cuts are placed by reachability over
 the whole unit set, and floaters are placed between their latest ancestor's and earliest
@@ -15,49 +14,13 @@ descendant's segments, so concatenating segment orders gives a topological order
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container
 
-from magis.schedule.narrow_waist import Closure, bits, closure, cut_segments, window_above
+from magis.schedule.narrow_waist import Closure, bits, cut_segments, window_above
 from magis.schedule.placement import place_floaters
 from magis.schedule.problem import Problem
 
-SEGMENT_LIMIT = 48  # units: segments above this are partitioned further
 MIN_WINDOW = 8  # the smallest nw window peeled off as a floater
-
-
-def partition(
-    problem: Problem,
-    units: Sequence[int],
-    before: Container[int] = frozenset(),
-    limit: int = SEGMENT_LIMIT,
-    min_window: int = MIN_WINDOW,
-) -> list[list[int]]:
-    """Segments of `units` in run order (see the module docstring)."""
-    clo = closure(problem, sorted(units))
-    scope = (1 << len(clo.units)) - 1
-    masks = _refine(problem, clo, scope, before, limit, min_window, top=True)
-    return [[clo.units[i] for i in bits(m)] for m in masks]
-
-
-def _refine(
-    problem: Problem,
-    clo: Closure,
-    scope: int,
-    before: Container[int],
-    limit: int,
-    min_window: int,
-    top: bool = False,
-) -> list[int]:
-    """Masks of the segments of `scope`, each at most `limit` units where a waist allows."""
-    if scope.bit_count() <= limit and not top:
-        return [scope]
-    parts = split(problem, clo, scope, before)
-    if len(parts) == 1:
-        return parts
-    out: list[int] = []
-    for part in parts:
-        out.extend(_refine(problem, clo, part, before, limit, min_window))
-    return out
 
 
 def split(

@@ -1,0 +1,59 @@
+"""`magis schedule` and `magis bench incremental`: JSON fields, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def magis(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "magis", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_schedule_json_fields(tmp_path):
+    out = tmp_path / "s.json"
+    res = magis("schedule", "bert-base:tiny", "--scheduler", "dp", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    for key in ("peak_bytes", "latency_s", "seconds", "peak_ratio", "exact_segments", "segments"):
+        assert key in data
+    assert data["peak_ratio"] <= 1.0
+    assert data["latency_s"] == data["program_latency_s"]  # re-ordering costs no time
+    assert 0 < data["exact_segments"] <= data["segments"]
+
+
+def test_program_scheduler_is_the_baseline(tmp_path):
+    out = tmp_path / "p.json"
+    res = magis("schedule", "resnet50:tiny", "-s", "program", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert data["peak_ratio"] == 1.0 and data["segments"] == 0
+
+
+def test_unknown_scheduler_is_one_line_error():
+    res = magis("schedule", "bert-base:tiny", "--scheduler", "serenity")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown scheduler" in lines[0] and "program, dp" in lines[0]
+
+
+def test_bench_incremental_json_fields(tmp_path):
+    out = tmp_path / "b.json"
+    res = magis(
+        "bench", "incremental", "--dags", "1", "--rounds", "2", "--repeats", "1", "--json", str(out)
+    )
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    for key in (
+        "cases",
+        "mean_speedup",
+        "min_speedup",
+        "max_speedup",
+        "equal_quality",
+        "worst_quality_ratio",
+    ):
+        assert key in data
+    assert len(data["cases"]) == 2
