@@ -15,6 +15,7 @@ from magis.ir.ops import resolve_overload
 from magis.layout import (
     ALIGNMENT,
     LayoutMethod,
+    LayoutOptions,
     LayoutOverlapError,
     UnknownLayoutMethodError,
     check_layout,
@@ -27,7 +28,7 @@ from magis.layout import (
 from magis.layout.check import overlapping_pairs_bruteforce
 from magis.layout.tree import build_tree
 
-FAST = {"time_limit": 0.5, "budget": 5.0}  # CP-SAT limits that keep the tests quick
+FAST = LayoutOptions(time_limit=0.5, budget=5.0)  # limits that keep the tests quick
 
 
 # --- random instances --------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def test_checker_is_fast_on_ten_thousand_storages():
 @given(interval_sets())
 def test_layouts_never_overlap_and_exact_is_never_worse(lt):
     base = layout_lifetimes(lt, "llfb")
-    best = layout_lifetimes(lt, "exact", **FAST)
+    best = layout_lifetimes(lt, "exact", options=FAST)
     for layout in (base, best):
         check_layout(layout)
         assert np.all(layout.offsets % ALIGNMENT == 0)
@@ -210,7 +211,7 @@ def test_layouts_of_random_graphs_in_random_orders(seed):
     g = random_graph(seed)
     for order in (g.program_order(), random_order(g, seed)):
         for method in LayoutMethod:
-            layout = plan_layout(g, order, method, **FAST)
+            layout = plan_layout(g, order, method, options=FAST)
             check_layout(layout)
             assert layout.fragmentation >= 0
 
@@ -219,7 +220,7 @@ def test_layouts_of_random_graphs_in_random_orders(seed):
 def test_random_graphs_run_in_their_arena(seed):
     g = random_graph(seed, n_ops=30)
     order = random_order(g, seed)
-    layout = plan_layout(g, order, **FAST)
+    layout = plan_layout(g, order, options=FAST)
     arena = compile_arena_program(g, order, layout)
     plain = compile_program(g, order)
     rng = torch.Generator().manual_seed(seed)
@@ -285,7 +286,7 @@ def test_tiny_workload_runs_in_an_arena_of_the_planned_size(family):
     _, step = workload_step(f"{family}:tiny", dtype=torch.float64)
     g = step.graph
     order = g.program_order()
-    layout = plan_layout(g, order, **FAST)
+    layout = plan_layout(g, order, options=FAST)
     check_layout(layout)
     program = compile_arena_program(g, order, layout)
     inputs = step.make_inputs()

@@ -34,7 +34,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from magis.backend.codegen import Names, Program, call_source, literal, program_from_source
+from magis.backend.codegen import (
+    Names,
+    Program,
+    call_source,
+    compile_program,
+    literal,
+    program_from_source,
+)
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, resolve_overload
 from magis.layout import Layout
@@ -234,6 +241,46 @@ def _emit_copied(gen: _Gen, nid: int) -> None:
     if copied:
         gen.copied.append(node.name)
         gen.transient = max(gen.transient, sum(graph.meta(r).nbytes for r in copied))
+
+
+# --- the caching allocator's view (CUDA) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CudaPeaks:
+    """Non-resident bytes at peak under PyTorch's caching allocator, for one plan."""
+
+    reserved: int  # what the allocator held from the driver, without the arena
+    allocated: int  # what tensors used, same run: reserved - allocated is its fragmentation
+    arena_reserved: int  # what it held running the arena program
+
+
+def cuda_peaks(graph: Graph, order: list[int], layout: Layout, inputs) -> CudaPeaks:
+    """Run the plan on the GPU with and without the arena and read the allocator's peaks."""
+    device = torch.device("cuda")
+    on_gpu = [t.to(device) for t in inputs]
+    plain = compile_program(graph, order, device)
+    arena = compile_arena_program(graph, order, layout, device)
+    reserved, allocated = _allocator_peaks(plain, on_gpu)
+    arena_reserved, _ = _allocator_peaks(arena.program, on_gpu)
+    return CudaPeaks(reserved, allocated, arena_reserved)
+
+
+def _allocator_peaks(program: Program, inputs) -> tuple[int, int]:
+    """(reserved, allocated) peak bytes of one run beyond what was held before it."""
+    run_in = [t.clone() for t in inputs]  # in-place updates must not leak into the next run
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base_reserved, base_allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = program(*run_in)
+    torch.cuda.synchronize()
+    peaks = (
+        torch.cuda.max_memory_reserved() - base_reserved,
+        torch.cuda.max_memory_allocated() - base_allocated,
+    )
+    del out
+    return peaks
 
 
 # --- strides of the functional results -------------------------------------------------------

@@ -9,9 +9,9 @@ fragmentation, (arena - theoretical peak) / theoretical peak.
 Methods (`LayoutMethod`):
 - `llfb`: long-lived-first best-fit, the heuristic baseline (ROAM Table I).
 - `exact`: ROAM's subgraph tree (`tree.py`) cut into pieces of at most `piece_limit` storages,
-  each packed by CP-SAT within `time_limit` seconds (`exact.py`), concatenated in time order on
-  the skyline the earlier pieces left (`merge.py`). Never worse than `llfb`: if the pieces come
-  out higher, LLFB's layout is returned and `pieces` says so.
+  each packed by CP-SAT within a deterministic effort (`exact.py`), laid in time order on the
+  skyline the earlier pieces left (`merge.py`); `LayoutOptions` sets the limits. Never worse
+  than `llfb`: if the pieces come out higher, LLFB's layout is returned and the Layout says so.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ import numpy as np
 from magis.errors import MagisError
 from magis.ir import Graph, Ref
 from magis.layout.check import LayoutOverlapError, check_layout, find_overlap
-from magis.layout.exact import PieceStatus
+from magis.layout.exact import LayoutOptions, PieceStatus
 from magis.layout.lifetimes import ALIGNMENT, Lifetimes, from_arrays, lifetimes
 from magis.layout.llfb import llfb
 from magis.layout.merge import PieceReport, concatenate
-from magis.layout.tree import PIECE_LIMIT, build_tree
+from magis.layout.tree import build_tree
 
-TIME_LIMIT = 2.0  # seconds of CP-SAT per piece
-BUDGET = 30.0  # seconds of CP-SAT per layout, all pieces together
+DEFAULT_OPTIONS = LayoutOptions()
 
 
 class UnknownLayoutMethodError(MagisError, KeyError):
@@ -119,24 +118,20 @@ def plan_layout(
     graph: Graph,
     order: list[int] | tuple[int, ...] | None = None,
     method: str | LayoutMethod = LayoutMethod.EXACT,
-    time_limit: float = TIME_LIMIT,
-    budget: float = BUDGET,
-    piece_limit: int = PIECE_LIMIT,
+    options: LayoutOptions = DEFAULT_OPTIONS,
 ) -> Layout:
     """Lay out the non-resident storages of `graph` run in `order` (program order by default)."""
     method = LayoutMethod.parse(method)
     order = graph.program_order() if order is None else list(order)
     start = time.perf_counter()
     lt = lifetimes(graph, order)
-    return layout_lifetimes(lt, method, time_limit, budget, piece_limit, start)
+    return layout_lifetimes(lt, method, options, start)
 
 
 def layout_lifetimes(
     lt: Lifetimes,
     method: str | LayoutMethod = LayoutMethod.EXACT,
-    time_limit: float = TIME_LIMIT,
-    budget: float = BUDGET,
-    piece_limit: int = PIECE_LIMIT,
+    options: LayoutOptions = DEFAULT_OPTIONS,
     started: float | None = None,
 ) -> Layout:
     """Lay out storages given as lifetimes (graph-free: tests and random instances)."""
@@ -146,8 +141,8 @@ def layout_lifetimes(
     base_arena = _arena(base, lt)
     if method is LayoutMethod.LLFB:
         return Layout(lt, base, base_arena, method, time.perf_counter() - start, base_arena)
-    leaves = build_tree(lt, piece_limit).leaves()
-    offsets, pieces = concatenate(lt, leaves, time_limit, budget)
+    leaves = build_tree(lt, options.piece_limit).leaves()
+    offsets, pieces = concatenate(lt, leaves, options)
     arena = _arena(offsets, lt)
     fell_back = arena > base_arena
     if fell_back:
@@ -164,6 +159,7 @@ __all__ = [
     "ALIGNMENT",
     "Layout",
     "LayoutMethod",
+    "LayoutOptions",
     "LayoutOverlapError",
     "Lifetimes",
     "UnknownLayoutMethodError",

@@ -13,11 +13,11 @@ Decisions:
   and stops at once.
 - The solver starts from a greedy solution (best fit in long-lived-first order, and in
   largest-first order, whichever is lower), so its answer is never worse than the heuristic.
-- Deterministic: one CP-SAT worker stopped by a deterministic time limit (`EFFORT`), so the
+- Deterministic: one CP-SAT worker stopped by a deterministic time limit (`effort`), so the
   same input gives the same layout on any machine. The wall-clock `time_limit` only guards
   against a machine so slow that it binds first (then the answer may vary, never the validity).
   A portfolio of 8 workers under a 2 s wall limit found the same arenas on the seven paper
-  workloads but differed between runs on the tiny ones.
+  workloads, no faster, but differed between runs on the tiny ones.
 - Obstacles become holes in each variable's domain, not rectangles of the no-overlap
   constraint: with them as rectangles and a tight upper bound, CP-SAT sometimes spent 20-60 s
   inside one propagation, past its time limit; as domains it settles the same pieces in < 1 s.
@@ -37,10 +37,23 @@ from ortools.util.python.sorted_interval_list import Domain
 
 from magis.layout.lifetimes import ALIGNMENT, Lifetimes
 from magis.layout.llfb import best_fit_offset
+from magis.layout.tree import PIECE_LIMIT
 
-# CP-SAT's deterministic time per piece (see the module docstring): on the paper workloads,
-# 0.05 found what 0.5 or a 2 s portfolio of 8 workers found, at 0.1-1.5 s of wall time a piece.
+# CP-SAT's deterministic time per piece (see the module docstring). 0.05 settles most pieces in
+# 0.1-1.5 s of wall time; ten times more left the seven paper workloads in program order where
+# they were (0-0.10% fragmentation) at up to 20 s more, and took btlm-3b in the DP scheduler's
+# order from 0.34% to 0.14% at 12 s more.
 EFFORT = 0.05
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """How hard the exact method works; variants by `dataclasses.replace`."""
+
+    effort: float = EFFORT  # CP-SAT deterministic seconds per piece
+    time_limit: float = 10.0  # wall seconds per piece: a guard, see the module docstring
+    budget: float = 30.0  # wall seconds of CP-SAT per layout; then pieces keep greedy answers
+    piece_limit: int = PIECE_LIMIT  # storages a piece of the subgraph tree creates, at most
 
 
 class PieceStatus(enum.Enum):
@@ -142,6 +155,7 @@ def solve_piece(
     obstacles: Boxes,
     floor: int,
     time_limit: float,
+    effort: float = EFFORT,
 ) -> PieceResult:
     """Offsets for variables (sizes in bytes, multiples of the alignment) minimizing the height.
 
@@ -150,15 +164,20 @@ def solve_piece(
     t0 = time.perf_counter()
     hint = best_greedy(size, start, end, obstacles)
     greedy_h = int((hint + size).max()) if len(size) else 0
-    if greedy_h <= floor or time_limit <= 0:
+    if greedy_h <= floor or time_limit <= 0 or effort <= 0:
         status = PieceStatus.BOUND if greedy_h <= floor else PieceStatus.FEASIBLE
         return PieceResult(hint, greedy_h, greedy_h, status, time.perf_counter() - t0)
-    offsets, status = _cp_sat(size, start, end, obstacles, floor, hint, greedy_h, time_limit)
+    offsets, status = _cp_sat(
+        size, start, end, obstacles, floor, hint, greedy_h, effort, time_limit
+    )
     height = int((offsets + size).max())
+    if height <= floor:
+        status = PieceStatus.OPTIMAL
     return PieceResult(offsets, height, greedy_h, status, time.perf_counter() - t0)
 
 
-def _cp_sat(size, start, end, obstacles: Boxes, floor, hint, upper, time_limit):
+def _cp_sat(size, start, end, obstacles: Boxes, floor, hint, upper, effort, time_limit):
+    """CP-SAT from `hint` (height `upper`); never returns anything higher than the hint."""
     u = ALIGNMENT
     su, hu, ub = size // u, hint // u, upper // u
     lb = min(max(floor // u, int(su.max())), ub)
@@ -181,13 +200,13 @@ def _cp_sat(size, start, end, obstacles: Boxes, floor, hint, upper, time_limit):
     model.Minimize(height)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
-    solver.parameters.max_deterministic_time = EFFORT
+    solver.parameters.max_deterministic_time = effort
     solver.parameters.max_time_in_seconds = time_limit
     result = solver.Solve(model)
     if result not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return hint, PieceStatus.FEASIBLE
     offsets = np.array([0 if o is None else solver.Value(o) * u for o in offs], dtype=np.int64)
-    if int((offsets + size).max()) > upper:  # never worse than the greedy start
+    if int((offsets + size).max()) > upper:
         return hint, PieceStatus.FEASIBLE
     status = PieceStatus.OPTIMAL if result == cp_model.OPTIMAL else PieceStatus.FEASIBLE
     return offsets, status

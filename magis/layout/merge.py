@@ -30,7 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from magis.layout.exact import PieceResult, PieceStatus, obstacles_for, solve_piece
+from magis.layout.exact import (
+    LayoutOptions,
+    PieceResult,
+    PieceStatus,
+    obstacles_for,
+    solve_piece,
+)
 from magis.layout.lifetimes import Lifetimes
 from magis.layout.tree import TreeNode
 
@@ -72,24 +78,24 @@ class _State:
 
 
 def concatenate(
-    lt: Lifetimes, leaves: list[TreeNode], time_limit: float, budget: float
+    lt: Lifetimes, leaves: list[TreeNode], options: LayoutOptions
 ) -> tuple[np.ndarray, list[PieceReport]]:
     """Offsets for every storage of `lt`, piece by piece in time order (see the module).
 
-    `time_limit` bounds each CP-SAT solve, `budget` all of them together; once it is spent,
-    the remaining pieces keep their greedy solutions.
+    Once `options.budget` seconds of solving are spent, the remaining pieces keep their greedy
+    solutions.
     """
     state = _State(np.zeros(len(lt), dtype=np.int64), np.zeros(0, dtype=np.int64), lt.aligned_peak)
-    deadline = time.perf_counter() + budget
+    clock = _Clock(options, time.perf_counter() + options.budget)
     reports: list[PieceReport] = []
     prev: tuple[TreeNode, _State] | None = None
     for leaf in leaves:
         if len(leaf.storages) == 0:
             continue
         before = _State(state.offsets, state.placed, state.floor)
-        report = _place(lt, leaf.storages, leaf.lo, leaf.hi, state, _limit(time_limit, deadline))
+        report = _place(lt, leaf, state, clock)
         if report.height > before.floor and prev is not None:
-            joint = _retry_jointly(lt, prev, leaf, state, report, _limit(time_limit, deadline))
+            joint = _retry_jointly(lt, prev, leaf, state, report, clock)
             if joint is not None:
                 reports[-1] = joint
                 prev = None
@@ -99,22 +105,37 @@ def concatenate(
     return state.offsets, reports
 
 
-def _limit(time_limit: float, deadline: float) -> float:
-    return max(0.0, min(time_limit, deadline - time.perf_counter()))
+@dataclass(frozen=True)
+class _Clock:
+    options: LayoutOptions
+    deadline: float
+
+    def time_limit(self) -> float:
+        """Wall seconds the next solve may take: its own limit, within what the budget left."""
+        return max(0.0, min(self.options.time_limit, self.deadline - time.perf_counter()))
 
 
-def _place(lt, idx, lo: int, hi: int, state: _State, time_limit: float, joint=False):
-    """Solve storages `idx` on the current skyline and commit them to `state`."""
-    res, n_obs = _solve(lt, idx, state, lo, time_limit)
+def _place(lt, leaf: TreeNode, state: _State, clock: _Clock) -> PieceReport:
+    """Solve the piece's storages on the current skyline and commit them to `state`."""
+    idx = leaf.storages
+    res, n_obs = _solve(lt, idx, state, leaf.lo, clock)
     _commit(state, idx, res)
     return PieceReport(
-        lo, hi, len(idx), n_obs, res.height, res.greedy_height, res.status, res.seconds, joint
+        leaf.lo, leaf.hi, len(idx), n_obs, res.height, res.greedy_height, res.status, res.seconds
     )
 
 
-def _solve(lt, idx, state: _State, lo: int, time_limit: float) -> tuple[PieceResult, int]:
+def _solve(lt, idx, state: _State, lo: int, clock: _Clock) -> tuple[PieceResult, int]:
     obstacles = obstacles_for(lt, state.placed, state.offsets, lo, int(lt.end[idx].max()))
-    res = solve_piece(lt.size[idx], lt.start[idx], lt.end[idx], obstacles, state.floor, time_limit)
+    res = solve_piece(
+        lt.size[idx],
+        lt.start[idx],
+        lt.end[idx],
+        obstacles,
+        state.floor,
+        clock.time_limit(),
+        clock.options.effort,
+    )
     return res, len(obstacles)
 
 
@@ -124,13 +145,13 @@ def _commit(state: _State, idx: np.ndarray, res: PieceResult) -> None:
     state.floor = max(state.floor, res.height)
 
 
-def _retry_jointly(lt, prev, leaf, state: _State, alone: PieceReport, time_limit: float):
+def _retry_jointly(lt, prev, leaf, state: _State, alone: PieceReport, clock: _Clock):
     """Solve `leaf` with its predecessor from the skyline before both; commit if lower."""
-    if time_limit <= 0:
+    if clock.time_limit() <= 0:
         return None
     p_leaf, p_state = prev
     both = np.concatenate((p_leaf.storages, leaf.storages))
-    res, n_obs = _solve(lt, both, p_state, p_leaf.lo, time_limit)
+    res, n_obs = _solve(lt, both, p_state, p_leaf.lo, clock)
     if res.height >= alone.height:
         return None
     state.offsets[both] = res.offsets
