@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -301,7 +302,7 @@ class LayoutReport:
     """`magis layout`: an offset for every tensor of a schedule, and how much the arena wastes."""
 
     workload: str
-    schedule: str  # "program", "dp", or the plan file laid out
+    schedule: str  # "program", "dp", or "plan FILE"
     method: str
     storages: int
     theoretical_peak_bytes: int  # non-resident bytes alive together at most (ROAM's Tp)
@@ -332,7 +333,8 @@ def _schedule_for(step: Step, scheduler: str, plan: str | None, progress: Progre
         progress("reading the plan")
         saved = Plan.load(plan)
         check_plan_matches(saved, step)
-        return saved.graph, list(saved.order), str(plan), time.perf_counter() - start
+        label = f"plan {Path(plan).name}"
+        return saved.graph, list(saved.order), label, time.perf_counter() - start
     from magis.schedule import Scheduler, schedule
 
     kind = Scheduler.parse(scheduler)

@@ -295,3 +295,17 @@ def test_tiny_workload_runs_in_an_arena_of_the_planned_size(family):
     measured = measure(program.program, step.program_inputs(inputs), repeats=1, warmup=0)
     live = measured.peak_bytes - measured.resident_bytes
     assert layout.arena_bytes <= live <= layout.arena_bytes + program.transient_bytes
+
+
+def test_an_optimized_plan_runs_in_its_arena():
+    # Plans carry fission slices, re-computation and Store/Load: all of it must fit the arena.
+    from magis.planning import capture_workload, optimize
+
+    step = capture_workload("gpt-neo-1.3b:tiny")
+    plan = optimize(step, mem_limit=0.6, time_budget=4)
+    layout = plan_layout(plan.graph, plan.order, options=FAST)
+    check_layout(layout)
+    program = compile_arena_program(plan.graph, plan.order, layout)
+    inputs = step.make_inputs()
+    check = verify(step, program.program, inputs)
+    assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"

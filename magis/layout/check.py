@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from magis.errors import MagisError
+
+if TYPE_CHECKING:
+    from magis.layout import Layout
 
 
 class LayoutOverlapError(MagisError):
@@ -73,7 +77,7 @@ def overlapping_pairs_bruteforce(offsets, sizes, start, end) -> list[tuple[int, 
     return list(zip(i.tolist(), j.tolist(), strict=True))
 
 
-def check_layout(layout) -> None:
+def check_layout(layout: Layout) -> None:
     """Raise LayoutOverlapError naming two storages of `layout` that overlap, if any do."""
     lt = layout.lifetimes
     hit = find_overlap(layout.offsets, lt.size, lt.start, lt.end)
