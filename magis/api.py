@@ -7,7 +7,7 @@ counts in bytes, times in seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,8 @@ class AnalyzeReport:
     seconds: float  # capture + analysis
     capture_seconds: float
     opaque_ops: list[str] = field(default_factory=list)
+    ftree: list[dict] | None = None  # `--ftree`: the F-Tree's nodes (MAGIS §4.3), see ftree_rows
+    ftree_seconds: float | None = None  # preparing the graph and building the F-Tree
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -61,6 +63,7 @@ class RunReport:
     simulated_latency_s: float  # by `hardware` (the profiled CPU model by default)
     hardware: str
     seconds: float
+    fission: list[dict] | None = None  # `--fission`: the F-Tree nodes enabled, with their n
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -135,12 +138,23 @@ def analyze(
     hardware: str = "rtx3090",
     batch: int | None = None,
     progress: Progress = _nothing,
+    ftree: bool = False,
+    max_level: int = 4,
 ) -> AnalyzeReport:
-    """Capture workload `workload` (paper size unless `:tiny`/`:small`) and analyze it."""
+    """Capture workload `workload` (paper size unless `:tiny`/`:small`) and analyze it; with
+    `ftree`, also build its F-Tree (MAGIS Alg. 1, max-level `max_level`)."""
     progress("capturing")
     start = time.perf_counter()
     _, step = workload_step(workload, batch)
-    return analyze_step(step, workload, hardware, progress, time.perf_counter() - start)
+    rep = analyze_step(step, workload, hardware, progress, time.perf_counter() - start)
+    if ftree:
+        progress("building the F-Tree")
+        t0 = time.perf_counter()
+        graph, tree = fission_tree(step, max_level)
+        rep.ftree = ftree_rows(graph, tree)
+        rep.ftree_seconds = time.perf_counter() - t0
+        rep.seconds += rep.ftree_seconds
+    return rep
 
 
 def run_step(
@@ -189,15 +203,21 @@ def run(
     hardware: str = "cpu",
     dtype: torch.dtype | None = None,
     progress: Progress = _nothing,
+    fission: Sequence[int] | None = None,
+    parts: int = 2,
 ) -> RunReport:
     """Capture a `:tiny` or `:small` workload with real tensors, execute it and verify it.
 
     Tiny workloads run in float64 so that verification can be tight (DESIGN principle 1).
+    With `fission`, the F-Tree nodes of those indices (`magis analyze W --ftree`) are enabled
+    with n = `parts` and the split program is what runs.
     """
     progress("capturing")
     if dtype is None and workload.endswith(":tiny"):
         dtype = torch.float64
     _, step = workload_step(workload, dtype=dtype, real=True)
+    if fission:
+        return run_fission(step, workload, fission, parts, hardware, progress)
     return run_step(step, workload, hardware, progress=progress)
 
 
@@ -499,3 +519,183 @@ def _has_cuda() -> bool:
 def _resident_bytes(graph) -> int:
     smap = graph.storages()
     return sum(smap.nbytes[s] for s in smap.resident)
+
+
+# --- fission (MAGIS §4, §5.1): `magis analyze --ftree`, `magis run --fission` ------------------
+
+
+def fission_tree(step: Step, max_level: int = 4):
+    """(prepared graph, F-Tree): the step's graph with the loss opened to fission
+    (`magis.rules.fission.prepare`) and its fission hierarchy tree (Alg. 1)."""
+    from magis.analyze import build_ftree
+    from magis.rules.fission import prepare
+
+    graph = prepare(step.graph)
+    return graph, build_ftree(graph, max_level=max_level)
+
+
+def ftree_rows(graph, tree) -> list[dict]:
+    """One JSON row per F-Tree node: sub-graph size, dimension, length, score (bytes)."""
+    rows = []
+    for i, x in enumerate(tree.nodes):
+        dom = "<entry>" if x.dominator < 0 else graph.node(x.dominator).name
+        rows.append(
+            {
+                "index": i,
+                "parent": x.parent,
+                "size": x.size,
+                "dim": x.dim,
+                "length": x.length,
+                "score_bytes": x.score,
+                "heat_bytes": x.heat,
+                "level": x.level,
+                "dominator": dom,
+                "n": x.n,
+            }
+        )
+    return rows
+
+
+def enable_nodes(tree, indices: Sequence[int], parts: int):
+    """`tree` with nodes `indices` enabled with n = `parts`; a one-line MagisError otherwise."""
+    from magis.errors import MagisError
+
+    if parts < 2:
+        raise MagisError(f"--parts must be at least 2, got {parts}")
+    for k in indices:
+        if not 0 <= k < len(tree):
+            raise MagisError(
+                f"no F-Tree node {k}: the tree has {len(tree)} nodes (see magis analyze W --ftree)"
+            )
+        node = tree.nodes[k]
+        if node.length % parts:
+            divisors = ", ".join(map(str, node.divisors()))
+            raise MagisError(
+                f"F-Tree node {k} has length {node.length}: --parts must divide it ({divisors})"
+            )
+        tree = tree.with_n(k, parts)
+    return tree
+
+
+def run_fission(
+    step: Step,
+    name: str,
+    fission: Sequence[int],
+    parts: int = 2,
+    hardware: str = "cpu",
+    progress: Progress = _nothing,
+) -> RunReport:
+    """Run `step` with F-Tree nodes `fission` enabled (n = `parts`), materialized as a graph
+    rewrite (`magis.rules.fission.materialize`); verified against eager PyTorch and measured as
+    `run_step` does the program order."""
+    from dataclasses import replace
+
+    from magis.rules.fission import materialize
+
+    progress("building the F-Tree")
+    graph, tree = fission_tree(step)
+    tree = enable_nodes(tree, fission, parts)
+    progress("splitting")
+    split = materialize(graph, tree)
+    rep = run_step(replace(step, graph=split.graph), name, hardware, progress=progress)
+    rep.fission = [
+        {
+            "index": k,
+            "n": tree.nodes[k].n,
+            "size": tree.nodes[k].size,
+            "dim": tree.nodes[k].dim,
+            "length": tree.nodes[k].length,
+        }
+        for k in split.applied
+    ]
+    return rep
+
+
+@dataclass
+class FissionReport:
+    """Fission alone on one workload: each F-Tree node and n simulated, the best kept.
+
+    `best` has the lowest simulated peak; `best_within` the lowest peak whose latency is within
+    `latency_limit` of program order (MAGIS §7.2.1 sets 5% and 10%). Ratios are against the
+    captured graph's program order on the same cost model.
+    """
+
+    workload: str
+    hardware: str
+    nodes: int
+    ftree_nodes: int
+    ftree_seconds: float
+    program_peak_bytes: int
+    program_latency_s: float
+    latency_limit: float
+    best: dict | None
+    best_within: dict | None
+    tried: list[dict]
+    seconds: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def fission_alone(
+    step: Step,
+    name: str,
+    hardware: str = "rtx3090",
+    max_parts: int = 32,
+    top: int = 4,
+    latency_limit: float = 1.10,
+    progress: Progress = _nothing,
+) -> FissionReport:
+    """Simulate every F-Tree node alone with n = 2, then the `top` best of them with every
+    divisor of their length up to `max_parts`; report the best single node and n."""
+    from magis.rules.fission import materialize
+
+    start = time.perf_counter()
+    cost = prepare_cost(hardware, step, progress)
+    base = simulate(step.graph, step.graph.program_order(), cost)
+    progress("building the F-Tree")
+    t0 = time.perf_counter()
+    graph, tree = fission_tree(step)
+    ftree_seconds = time.perf_counter() - t0
+
+    def trial(k: int, n: int) -> dict:
+        split = materialize(graph, tree.with_n(k, n))
+        sim = simulate(split.graph, split.order, cost)
+        x = tree.nodes[k]
+        return {
+            "index": k,
+            "n": n,
+            "size": x.size,
+            "dim": x.dim,
+            "length": x.length,
+            "peak_bytes": sim.peak_bytes,
+            "latency_s": sim.latency_s,
+            "peak_ratio": sim.peak_bytes / base.peak_bytes,
+            "latency_ratio": sim.latency_s / base.latency_s,
+        }
+
+    progress("simulating each node with n = 2")
+    tried = [trial(k, 2) for k in range(len(tree))]
+    ranked = sorted(tried, key=lambda r: (r["peak_bytes"], r["latency_s"]))[:top]
+    progress("trying more parts on the best nodes")
+    for r in ranked:
+        length = tree.nodes[r["index"]].length
+        tried += [
+            trial(r["index"], n) for n in range(3, min(length, max_parts) + 1) if length % n == 0
+        ]
+    by_peak = sorted(tried, key=lambda r: (r["peak_bytes"], r["latency_s"]))
+    within = [r for r in by_peak if r["latency_ratio"] <= latency_limit]
+    return FissionReport(
+        workload=name,
+        hardware=hardware,
+        nodes=len(step.graph),
+        ftree_nodes=len(tree),
+        ftree_seconds=ftree_seconds,
+        program_peak_bytes=base.peak_bytes,
+        program_latency_s=base.latency_s,
+        latency_limit=latency_limit,
+        best=by_peak[0] if by_peak else None,
+        best_within=within[0] if within else None,
+        tried=tried,
+        seconds=time.perf_counter() - start,
+    )

@@ -107,19 +107,39 @@ def _print_analysis(rep) -> None:
     console.print(hot)
 
 
+def _print_ftree(rows: list[dict], seconds: float) -> None:
+    table = Table(
+        "#", "parent", "nodes", "dimension", "length", "score", "level", "dominator",
+        title=f"F-Tree: {len(rows)} nodes ({seconds:.1f} s)",
+    )  # fmt: skip
+    for r in rows:
+        parent = "" if r["parent"] is None else str(r["parent"])
+        table.add_row(
+            str(r["index"]), parent, str(r["size"]), r["dim"], str(r["length"]),
+            _gib(r["score_bytes"]), str(r["level"]), r["dominator"],
+        )  # fmt: skip
+    console.print(table)
+
+
 @app.command("analyze")
 def analyze_cmd(
     workload: str,
     hardware: HardwareOpt = "rtx3090",
     batch: Annotated[int | None, typer.Option(help="Override the workload's batch size.")] = None,
+    ftree: Annotated[
+        bool, typer.Option("--ftree", help="Also build and print the F-Tree (MAGIS Alg. 1).")
+    ] = False,
+    max_level: Annotated[int, typer.Option("--max-level", help="Alg. 1's L.", min=1)] = 4,
     json_path: JsonOpt = None,
 ) -> None:
     """Capture a workload's training step and show its memory and time profile."""
     from magis.api import analyze
 
     with _progress(f"analyzing {workload}") as progress:
-        rep = analyze(workload, hardware, batch, progress)
+        rep = analyze(workload, hardware, batch, progress, ftree=ftree, max_level=max_level)
     _print_analysis(rep)
+    if rep.ftree is not None:
+        _print_ftree(rep.ftree, rep.ftree_seconds)
     _write_json(json_path, rep.to_json())
 
 
@@ -137,6 +157,17 @@ def _print_run(rep) -> None:
     console.print(table)
 
 
+def _fission_nodes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise MagisError(
+            f"--fission takes F-Tree node numbers like 3 or 3,7; got {text!r}"
+        ) from None
+
+
 @app.command("run")
 def run_cmd(
     workload: str,
@@ -148,11 +179,25 @@ def run_cmd(
         bool,
         typer.Option("--layout", help="Run inside one preallocated arena (ROAM memory layout)."),
     ] = False,
+    fission: Annotated[
+        str | None,
+        typer.Option(
+            "--fission", help="Enable these F-Tree nodes (K[,K...], see analyze --ftree)."
+        ),
+    ] = None,
+    parts: Annotated[
+        int, typer.Option("--parts", help="Fission number n of the enabled nodes.")
+    ] = 2,
     json_path: JsonOpt = None,
 ) -> None:
     """Execute a :tiny or :small workload as generated code; verify it and measure its peak."""
     from magis.api import run
 
+    nodes = _fission_nodes(fission)
+    if nodes and (layout or plan is not None):
+        raise MagisError(
+            "--fission runs the captured program split; it cannot take --plan or --layout"
+        )
     if layout:
         _run_layout(workload, plan, json_path)
         return
@@ -162,8 +207,13 @@ def run_cmd(
 
             rep = run_plan(workload, plan, hardware, progress)
         else:
-            rep = run(workload, hardware, progress=progress)
+            rep = run(workload, hardware, progress=progress, fission=nodes, parts=parts)
     _print_run(rep)
+    for f in getattr(rep, "fission", None) or []:
+        console.print(
+            f"fission: F-Tree node {f['index']} ({f['size']} nodes along {f['dim']}) "
+            f"in {f['n']} parts"
+        )
     _write_json(json_path, rep.to_json())
     if not rep.verified:
         raise typer.Exit(1)
