@@ -111,6 +111,7 @@ class Layout:
             "pieces_solved": self.pieces_solved,
             "pieces_optimal": self.pieces_optimal,
             "fell_back_to_llfb": self.fell_back_to_llfb,
+            "piece_reports": [p.to_json() for p in self.pieces],
         }
 
 
