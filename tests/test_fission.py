@@ -470,3 +470,15 @@ def test_split_along_an_already_split_dimension_is_refused():
     )
     with pytest.raises(FissionError, match="cannot be applied"):
         materialize(g, tree.with_n(outer, 2).with_n(inner, 2))  # the batch is 2: 1 left
+
+
+def test_ftree_construction_within_10s_on_gpt_neo():
+    """The F-Tree of the paper-size GPT-Neo-1.3B step (~5,000 nodes), graph preparation
+    included; capture itself is not counted."""
+    import time
+
+    _, step = workload_step("gpt-neo-1.3b")
+    start = time.perf_counter()
+    tree = build_ftree(prepare(step.graph))
+    assert time.perf_counter() - start <= 10.0
+    assert max(x.size for x in tree.nodes) > len(step.graph) // 2  # the batch split of it all

@@ -8,8 +8,9 @@ Decisions:
   it; paths from other inputs (labels, weights: footnote 3) are ignored, as the reference MAGIS
   does, and nodes it does not reach are left out of the tree;
 - a sub-graph without it (a dimension that starts behind a batch norm, a weight dimension) gets a
-  virtual entry joined to all its sources, so every node is in the tree; the virtual entry is no
-  node of the graph and never a fission candidate.
+  virtual entry joined to all its sources, so every node is in the tree. The virtual entry is no
+  node of the graph; as a dominator (Alg. 1's v_dom) its sub-graph is the whole sub-graph, as the
+  data input's is.
 
 The tree is laid out for subtree queries: `order` is a preorder (DFS) numbering, so the
 descendants of v are the preorder interval [tin[v], tout[v]], and subtree sums are differences of

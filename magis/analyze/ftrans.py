@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import gcd
 
-import numpy as np
 import rustworkx as rx
 
 from magis.analyze.dgraph import dgraph, node_dims, slot_refs
@@ -110,8 +109,7 @@ def check(graph: Graph, f: FTrans) -> FTransInfo | Rejected:
             return Rejected(f"node {v} is not an op of this graph")
         if dg.vertex(v, a) is None:
             return Rejected(f"{graph.node(v).name} cannot be split along axis {a}")
-    lengths = [dims[v].lengths[a] for v, a in f.split]
-    slices, inputs, reason = _inputs(graph, axis_of, lengths)
+    slices, inputs, sliced_lengths, reason = _inputs(graph, axis_of)
     if reason:
         return Rejected(reason)
     outputs = _outputs(graph, axis_of)
@@ -121,7 +119,7 @@ def check(graph: Graph, f: FTrans) -> FTransInfo | Rejected:
         if why:
             return Rejected(why)
     length = 0
-    for x in lengths:
+    for x in [dims[v].lengths[a] for v, a in f.split] + sliced_lengths:
         length = gcd(length, x)
     if length < 2:
         return Rejected(f"the split dimensions have no common divisor > 1 (gcd {length})")
@@ -130,11 +128,14 @@ def check(graph: Graph, f: FTrans) -> FTransInfo | Rejected:
     return FTransInfo(f, length, slices, inputs, outputs)
 
 
-def _inputs(graph: Graph, axis_of: dict[int, int], lengths: list[int]):
-    """Check the D-edges inside S; classify what S reads from outside (sliced or shared)."""
+def _inputs(graph: Graph, axis_of: dict[int, int]):
+    """Check the D-edges inside S; classify what S reads from outside (sliced or shared).
+
+    Returns (slices, input kinds, lengths of the sliced dimensions, reason rejected or "")."""
     dims = node_dims(graph)
     slices: dict[tuple[int, int], int] = {}
     kinds: dict[Ref, InputKind] = {}
+    lengths: list[int] = []
     for v, a in axis_of.items():
         dv = dims[v]
         for j, ref in enumerate(slot_refs(graph, v)):
@@ -143,10 +144,12 @@ def _inputs(graph: Graph, axis_of: dict[int, int], lengths: list[int]):
                 d = du.output_dim(ref.index, axis_of[ref.node])
                 if d is None:
                     name = graph.node(ref.node).name
-                    return {}, {}, f"{name}'s output {ref.index} is read inside S but is partial"
+                    why = f"{name}'s output {ref.index} is read inside S but is partial"
+                    return {}, {}, [], why
                 if dv.inputs[j][d] != a:
                     u, w = graph.node(ref.node).name, graph.node(v).name
-                    return {}, {}, f"no D-edge from {u} to {w}: they are split along unrelated dims"
+                    why = f"no D-edge from {u} to {w}: they are split along unrelated dims"
+                    return {}, {}, [], why
                 continue
             d = dv.input_dim(j, a)
             if d is None:
@@ -155,7 +158,7 @@ def _inputs(graph: Graph, axis_of: dict[int, int], lengths: list[int]):
             slices[(v, j)] = d
             kinds[ref] = InputKind.SLICED
             lengths.append(graph.meta(ref).shape[d])
-    return slices, kinds, ""
+    return slices, kinds, lengths, ""
 
 
 def _outputs(graph: Graph, axis_of: dict[int, int]) -> dict[Ref, OutputMerge] | Rejected:
@@ -230,8 +233,3 @@ def split_of_component(graph: Graph, nodes, component: int) -> FTrans | Rejected
             return Rejected(f"{graph.node(v).name} has {what} vertices in the dimension")
         split.append((v, axes[0]))
     return FTrans(tuple(split))
-
-
-def component_vertices(graph: Graph, component: int) -> np.ndarray:
-    dg = dgraph(graph)
-    return np.flatnonzero(dg.component == component)

@@ -187,9 +187,7 @@ def expand(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     return b.build(((1, 0),))
 
 
-def _all_but(
-    dims_of: Callable[[tuple, TensorMeta], set[int]], shape_arg: int | None = None
-) -> Rule:
+def _all_but(dims_of: Callable[[tuple, TensorMeta], set[int]]) -> Rule:
     """Ops whose output has the shape of argument 0 and whose listed dims are not splittable
     (softmax's dim, cumsum's dim, the window dims of pooling); other tensor args of the same rank
     (grad, indices) run along the same axes."""
@@ -212,7 +210,7 @@ def _all_but(
                     for d in range(len(t.shape))
                 ]
             )
-        return b.build(((shape_arg, 0),) if shape_arg is not None else ())
+        return b.build()
 
     return rule
 

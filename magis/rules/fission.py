@@ -103,22 +103,30 @@ class GraphRebuilder:
         self.bind(nid, [new])
         return new
 
-    def add_op(self, name, op, args, kwargs, outputs, writes_into=None) -> int:
+    def add_op(
+        self,
+        name: str,
+        op: str,
+        args: tuple,
+        kwargs: dict | None,
+        outputs: tuple[TensorMeta, ...],
+        writes_into: Ref | None = None,
+    ) -> int:
         """`Graph.add_op` without its per-call ordering of readers before in-place writers,
-        which scans the graph each time; `finish` orders them all at once."""
+        which scans the graph each time (quadratic on 100k-node splits); `finish` orders them
+        all at once. Nodes enter through `Graph.restore_node`, ids in call order."""
         kw = tuple(sorted((kwargs or {}).items()))
         inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
         node = Node(
-            self._next,
-            name,
-            op,
-            NodeKind.OP,
-            tuple(args),
-            kw,
-            tuple(outputs),
-            None,
-            writes_into,
-            inputs,
+            id=self._next,
+            name=name,
+            op=op,
+            kind=NodeKind.OP,
+            args=tuple(args),
+            kwargs=kw,
+            outputs=tuple(outputs),
+            writes_into=writes_into,
+            inputs=inputs,
         )
         self._next += 1
         return self.new.restore_node(node)
