@@ -247,6 +247,12 @@ def optimize_cmd(
     plan_out: Annotated[
         Path | None, typer.Option("--plan", help="Save the best plan here (JSON).")
     ] = None,
+    memory_figure: Annotated[
+        str,
+        typer.Option(
+            "--memory-figure", help="theoretical (simulated peak) or arena (LLFB layout's arena)."
+        ),
+    ] = "theoretical",
     json_path: JsonOpt = None,
 ) -> None:
     """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
@@ -256,8 +262,10 @@ def optimize_cmd(
     from rich.live import Live
 
     from magis.cost import get_cost_model
-    from magis.planning import capture_workload, optimize
+    from magis.planning import capture_workload, optimize, parse_memory_figure
     from magis.sim import simulate
+
+    parse_memory_figure(memory_figure)  # a typo fails now, not after the capture
 
     with _progress(f"capturing {workload}"):
         step = capture_workload(workload)
@@ -290,6 +298,7 @@ def optimize_cmd(
             hardware=cost,
             on_improvement=show,
             workload=workload,
+            memory_figure=memory_figure,
         )
     console.print()
     console.print(plan.report())

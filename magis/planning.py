@@ -23,7 +23,8 @@ from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError, PlanError
 from magis.ir import Graph
 from magis.ir.serialize import graph_from_json, graph_to_json
-from magis.search import Improvement, Mode, Objective, SearchResult, optimize_graph
+from magis.search import Improvement, MemoryFigure, Mode, Objective, SearchResult, optimize_graph
+from magis.search.optimizer import measure_state
 from magis.sim import SimResult, simulate
 
 PLAN_FORMAT = "magis.plan"
@@ -82,6 +83,16 @@ def parse_latency_limit(text: str | float, unoptimized_latency: float) -> float:
     if unit is None:
         return value * unoptimized_latency
     return value / 1e3 if unit == "ms" else value
+
+
+def parse_memory_figure(name: str | MemoryFigure) -> MemoryFigure:
+    if isinstance(name, MemoryFigure):
+        return name
+    try:
+        return MemoryFigure(name)
+    except ValueError:
+        choices = ", ".join(f.value for f in MemoryFigure)
+        raise LimitError(f"unknown memory figure {name!r}; choose one of {choices}") from None
 
 
 @dataclass
@@ -220,6 +231,7 @@ def optimize(
     optimizer: str | None = "sgd",
     on_improvement: Callable[[Improvement], None] | None = None,
     workload: str | None = None,
+    memory_figure: str = "theoretical",
 ) -> Plan:
     """Optimize a captured step — or a model with example inputs, whose training step is
     captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2)."""
@@ -233,20 +245,28 @@ def optimize(
             raise MagisError("optimize(model, example_inputs, ...): the example inputs are missing")
         step = training_step(step_or_model, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
     cost = get_cost_model(hardware) if isinstance(hardware, str) else hardware
-    base = simulate(step.graph, step.graph.program_order(), cost)
+    figure = parse_memory_figure(memory_figure)
+    # ratios compare like with like: the program order measured by the same memory figure
+    base = measure_state(step.graph, step.graph.program_order(), cost, figure)
     if mem_limit is not None:
         objective = Objective(Mode.MEMORY_LIMIT, parse_memory_limit(mem_limit, base.peak_bytes))
     else:
         objective = Objective(Mode.LATENCY_LIMIT, parse_latency_limit(lat_limit, base.latency_s))
     start = time.perf_counter()
     result = optimize_graph(
-        step.graph, cost, objective, time_budget=time_budget, on_improvement=on_improvement
+        step.graph,
+        cost,
+        objective,
+        time_budget=time_budget,
+        on_improvement=on_improvement,
+        memory_figure=figure,
     )
     return plan_from_search(
         result,
         base,
         step,
         workload=workload,
+        memory_figure=memory_figure,
         hardware=getattr(cost, "name", str(hardware)),
         wall_seconds=time.perf_counter() - start,
     )

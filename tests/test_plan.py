@@ -131,3 +131,34 @@ def test_cli_optimize_then_run_the_plan(tmp_path):
     assert res.returncode == 0, res.stderr
     ran = json.loads(out.read_text())
     assert ran["verified"] and ran["peak_error"] <= 0.05
+
+
+def test_optimizer_can_count_memory_as_the_layout_arena(float64):
+    from magis.layout import plan_layout
+    from magis.sim import simulate
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    plan = optimize(
+        model,
+        (x, y),
+        loss_fn=lambda o, x, y: torch.nn.functional.cross_entropy(o, y),
+        lat_limit=1.10,
+        time_budget=3,
+        memory_figure="arena",
+    )
+    resident = simulate(plan.graph, plan.order, get_cost_model_for_test()).resident_bytes
+    arena = plan_layout(plan.graph, plan.order, "llfb").arena_bytes
+    assert plan.info["memory_figure"] == "arena"
+    assert plan.info["peak_bytes"] == resident + arena
+    with pytest.raises(LimitError, match="unknown memory figure"):
+        optimize(
+            model, (x, y), loss_fn=lambda o, x, y: o.sum(), lat_limit=1.1, memory_figure="nope"
+        )
+
+
+def get_cost_model_for_test():
+    from magis.cost import get_cost_model
+
+    return get_cost_model("rtx3090")

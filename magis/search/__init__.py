@@ -2,6 +2,7 @@
 
 from magis.search.optimizer import (
     Improvement,
+    MemoryFigure,
     SearchResult,
     SearchStats,
     default_rules,
@@ -12,6 +13,7 @@ from magis.search.state import Mode, MState, Objective
 
 __all__ = [
     "Improvement",
+    "MemoryFigure",
     "MState",
     "Mode",
     "Objective",

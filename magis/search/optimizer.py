@@ -10,6 +10,7 @@ improvement is recorded (time, memory, latency) for plots.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import time
@@ -29,9 +30,27 @@ from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.search.state import MState, Objective
-from magis.sim import simulate
+from magis.sim import SimResult, simulate
 
 DELTA = 1.1  # Alg. 3's relaxation coefficient
+
+
+class MemoryFigure(enum.Enum):
+    """What a state's memory is: the simulator's theoretical peak (MAGIS), or the arena a
+    long-lived-first best-fit layout needs for it (ROAM §IV-B: what an allocator can reach)."""
+
+    THEORETICAL = "theoretical"
+    ARENA = "arena"
+
+
+def measure_state(graph: Graph, order, cost: CostModel, figure: MemoryFigure) -> SimResult:
+    sim = simulate(graph, order, cost)
+    if figure is MemoryFigure.ARENA:
+        from magis.layout import plan_layout
+
+        arena = plan_layout(graph, list(order), "llfb").arena_bytes
+        sim = replace(sim, peak_bytes=sim.resident_bytes + arena)
+    return sim
 
 
 def default_rules() -> tuple[Rule, ...]:
@@ -73,8 +92,9 @@ class SearchResult:
 
 
 class _Timer:
-    def __init__(self, stats: SearchStats) -> None:
+    def __init__(self, stats: SearchStats, figure: MemoryFigure) -> None:
         self.stats = stats
+        self.figure = figure  # carried here so every evaluation measures memory the same way
 
     def run(self, part: str, fn: Callable, *args):
         start = time.perf_counter()
@@ -84,11 +104,16 @@ class _Timer:
             self.stats.breakdown[part] += time.perf_counter() - start
 
 
-def initial_state(graph: Graph, cost: CostModel, fission: bool = True) -> MState:
+def initial_state(
+    graph: Graph,
+    cost: CostModel,
+    fission: bool = True,
+    figure: MemoryFigure = MemoryFigure.THEORETICAL,
+) -> MState:
     """The graph scheduled by the DP scheduler (re-ordering costs no time: MAGIS §5.2), with
     its F-Tree (Analyze, Alg. 1) when `fission` is on."""
     order = schedule(graph, "dp").order
-    state = MState(graph, order, simulate(graph, order, cost), wl_hash(graph))
+    state = MState(graph, order, measure_state(graph, order, cost, figure), wl_hash(graph))
     analysis = fission_moves.analyze(graph, list(order)) if fission else None
     if analysis is None:
         return state
@@ -107,13 +132,14 @@ def optimize_graph(
     on_improvement: Callable[[Improvement], None] | None = None,
     max_states: int | None = None,
     fission: bool = True,
+    memory_figure: MemoryFigure = MemoryFigure.THEORETICAL,
 ) -> SearchResult:
     """Alg. 3 on `graph` under `objective`, for at most `time_budget` seconds."""
     rules = tuple(rules) if rules is not None else default_rules()
     start = time.perf_counter()
     stats = SearchStats()
-    timer = _Timer(stats)
-    init = initial_state(graph, cost, fission)
+    timer = _Timer(stats, memory_figure)
+    init = initial_state(graph, cost, fission, memory_figure)
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
     tie = itertools.count()
@@ -181,7 +207,7 @@ def _evaluate_fission(
         timer.stats.duplicates += 1
         return None
     seen.add(h.value)
-    sim = timer.run("simulate", simulate, done.graph, done.order, cost)
+    sim = timer.run("simulate", measure_state, done.graph, done.order, cost, timer.figure)
     return replace(
         state,
         graph=done.graph,
@@ -212,7 +238,7 @@ def _evaluate(
         return None
     seen.add(h.value)
     order = timer.run("schedule", _reschedule, state, result, cost)
-    sim = timer.run("simulate", simulate, result.graph, order, cost)
+    sim = timer.run("simulate", measure_state, result.graph, order, cost, timer.figure)
     # Any rule other than an F-Tree mutation ends the lineage's fission moves (module docstring).
     return MState(result.graph, tuple(order), sim, h, (*state.history, rewrite.rule), state.frozen)
 
