@@ -21,7 +21,9 @@ original order, so the RNG draws happen in the same order (random ops are never 
 have no dimension rule). A contraction that would need to reorder them is rejected.
 
 Nested enabled nodes are applied parents first; a child is applied to each of its parent's part
-copies in turn.
+copies in turn. The generated code is therefore unrolled — one block per part, each freeing its
+intermediates (`x = None`) as it goes — rather than a Python `for` loop: the memory it frees and
+the order it runs are exactly what the simulator sees.
 
 `prepare` rewrites a captured graph so that a split may cross the loss (interim transformations,
 MAGIS §2.2: algebraic identities that open opportunities for others):
@@ -448,6 +450,10 @@ def check_shapes(graph: Graph) -> None:
         if node.is_placeholder:
             m = node.outputs[0]
             env[Ref(nid)] = torch.empty(m.shape, dtype=m.torch_dtype, device="meta")
+            continue
+        if graph.info(nid).copy_stream:  # Store/Load: a copy, same shape, no ATen kernel
+            for k, m in enumerate(node.outputs):
+                env[Ref(nid, k)] = torch.empty(m.shape, dtype=m.torch_dtype, device="meta")
             continue
         kwargs = {k: val(v) for k, v in node.kwargs}
         if "device" in kwargs:
