@@ -241,3 +241,24 @@ def test_bench_incremental_reports_the_fields_of_the_issue():
     assert data["min_speedup"] <= data["mean_speedup"] <= data["max_speedup"]
     assert sum(data["speedup_histogram"].values()) == 2
     assert 0 <= data["equal_quality"] <= 2 and data["worst_quality_ratio"] > 0
+
+
+def test_the_scheduler_places_a_weight_update_where_it_lowers_the_peak():
+    """ROAM §IV-A: the gradient (400 B) dies when its update runs. Captured order runs the update
+    after the large activation (4000 B), so both are live; the DP runs it before."""
+    g = Graph()
+    x = g.add_placeholder("x", f32(10), PlaceholderKind.DATA)  # 40 B resident
+    w = g.add_placeholder("w", f32(100), PlaceholderKind.WEIGHT)  # 400 B resident
+    grad = g.add_op("grad", "aten.mul.Tensor", (Ref(x), Ref(w)), outputs=(f32(100),))
+    big = g.add_op("big", "aten.relu.default", (Ref(x),), outputs=(f32(1000),))
+    loss = g.add_op("loss", "aten.sum.default", (Ref(big),), outputs=(f32(),))
+    upd = g.add_op(
+        "upd", "aten.sub.Tensor", (Ref(w), Ref(grad)), outputs=(f32(100),), writes_into=Ref(w)
+    )
+    g.add_control_dep(grad, upd)  # grad read the old weight
+    g.set_outputs([Ref(loss)])
+    program = schedule(g, Scheduler.PROGRAM, check=True)
+    dp = schedule(g, Scheduler.DP, check=True)
+    assert program.peak_bytes == 440 + 400 + 4000 + 4  # grad, big and loss at loss's step
+    assert dp.peak_bytes == 440 + 4000 + 4
+    assert dp.order.index(upd) < dp.order.index(big)

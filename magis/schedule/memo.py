@@ -2,10 +2,14 @@
 
 Incremental scheduling (MAGIS §6.1) exists so that work on parts of the graph a rewrite did not
 touch is not done again. Prefix and suffix keep their old order; a `DpMemo` also keeps the DP's
-answers: a segment whose content is unchanged — the same nodes (node ids survive `Graph.copy`
-and rewrites), dependencies, sizes, frees and live bytes — gets the same answer, so a caller
+answers: a segment whose content is unchanged — the same dependencies, sizes, frees and live
+bytes — gets the same answer, so a caller
 that schedules one graph version after another (the search of Alg. 3, the §7.3 experiment)
 passes one memo along. It is an explicit object, never a global.
+
+The key is the segment's content alone — dependency masks, sizes, frees, live bytes, in local
+indices — because that is all the DP reads; its answer is a local order, mapped back through
+whichever units the segment has. So a hit is sound even for another graph.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from magis.schedule.dp import DpResult, dp_schedule
-from magis.schedule.problem import Problem
 from magis.schedule.segment import SegmentProblem
 
 
@@ -28,7 +31,6 @@ class DpMemo:
 
     def dp(
         self,
-        problem: Problem,
         seg: SegmentProblem,
         upper: tuple[tuple[int, ...], int],
         budget: int,
@@ -40,7 +42,6 @@ class DpMemo:
         change no decision of the DP, so keys and stored peaks are taken relative to them."""
         base = seg.fixed
         content = (
-            tuple(problem.members[u] for u in seg.units),
             seg.pred_mask,
             seg.alloc,
             seg.kept,
@@ -69,7 +70,6 @@ class DpMemo:
 
 
 def run_dp(
-    problem: Problem,
     seg: SegmentProblem,
     upper: tuple[tuple[int, ...], int],
     budget: int,
@@ -78,4 +78,4 @@ def run_dp(
     """The DP, through `memo` when one is given."""
     if memo is None:
         return dp_schedule(seg, upper, budget)
-    return memo.dp(problem, seg, upper, budget)
+    return memo.dp(seg, upper, budget)

@@ -165,7 +165,7 @@ def _polish_window(problem, units, lo, sweep, options, memo, spent):
     local = {u: i for i, u in enumerate(seg.units)}
     current = tuple(local[u] for u in window)
     peak = seg.peak_of(current)
-    res = run_dp(problem, seg, (current, peak), options.polish_budget, memo)
+    res = run_dp(seg, (current, peak), options.polish_budget, memo)
     spent += res.expanded
     if res.peak >= peak:
         return None, spent
@@ -177,7 +177,7 @@ def _dp(
 ) -> tuple[tuple[int, ...], int, bool, int]:
     """The list schedule, then the DP seeded with it as the bound to beat."""
     heur = list_schedule(seg)
-    res = run_dp(problem, seg, (heur.order, heur.peak), options.budget, memo)
+    res = run_dp(seg, (heur.order, heur.peak), options.budget, memo)
     return res.order, res.peak, res.exact, res.expanded
 
 
