@@ -230,12 +230,39 @@ class ProfiledCostModel(CostModel):
         calls = distinct_calls(graph, include_views=self.views_cost_time)
         if progress is not None:
             progress(0, len(calls))
+        fresh: list[tuple[OpKey, OpInfo]] = []
         with self._store.batch():
             for done, (key, info) in enumerate(calls, 1):
+                if self._store.get(key_text(key)) is None:
+                    fresh.append((key, info))
                 self.time_of(key, info)
                 if progress is not None:
                     progress(done, len(calls))
+            self._second_pass(fresh)
         return len(calls)
+
+    def _second_pass(self, fresh: list[tuple[OpKey, OpInfo]]) -> None:
+        """Measure what was just measured once more, seconds later, and keep the smaller time.
+
+        On a shared 2-core machine another process can hold a core for a second at a time; a
+        time taken then would sit in the persistent cache for good. A burst rarely covers both
+        passes; sustained contention is beyond repair and only a quiet machine measures right.
+        """
+        for key, info in fresh:
+            text = key_text(key)
+            first = self._store.get(text)
+            call = OpCall(key, info)
+            if first is None or call.op in self._fallbacks:
+                continue
+            try:
+                again = self._measure(call)
+            except Exception:  # noqa: BLE001 - it ran once; keep that time
+                continue
+            if again < first:
+                self._store.put(text, again, MEASURED)
+                self._memo.times.pop(key, None)  # recomputed from the store on next use
+                self._memo.times.pop(text, None)
+                self._memo.by_node.clear()
 
     def profile_info(self) -> ProfileInfo:
         path = self._store.path if self._store.persistent else None

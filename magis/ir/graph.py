@@ -107,6 +107,9 @@ class Graph:
         self._index: dict[int, int] = {}  # node id -> rustworkx index (indices get reused)
         self._control: dict[int, set[int]] = {}  # node -> nodes that must run before it
         self._outputs: tuple[Ref, ...] = ()
+        # placeholder -> the node writing it in place: kept as nodes come and go, because
+        # every add_op consults it (a whole-graph recount there made graph building quadratic)
+        self._writers: dict[int, int] = {}
         self._next_id = 0
         self._derived: dict[str, Any] = {}
 
@@ -158,7 +161,9 @@ class Graph:
     def _order_before_writers(self, nid: int) -> None:
         """A node reading the old value of a placeholder that is updated in place must run
         before the update (a rewrite that adds such a reader inherits the constraint)."""
-        writers = self.derived("writers", self._compute_writers)
+        writers = self._writers
+        if not writers:
+            return
         for ref in self._nodes[nid].inputs:
             root = self._alias_root(ref)
             writer = writers.get(root.node) if self._nodes[root.node].is_placeholder else None
@@ -175,10 +180,9 @@ class Graph:
                 return ref
             ref = next(refs_in(node.args))
 
-    def _compute_writers(self) -> dict[int, int]:
-        return {n.writes_into.node: n.id for n in self._nodes.values() if n.writes_into is not None}
-
     def _insert(self, node: Node) -> int:
+        if node.writes_into is not None:
+            self._writers[node.writes_into.node] = node.id
         self._nodes[node.id] = node
         self._index[node.id] = self._dag.add_node(node.id)
         self._next_id = max(self._next_id, node.id) + 1
@@ -261,6 +265,7 @@ class Graph:
         new._index = dict(self._index)
         new._control = {k: set(v) for k, v in self._control.items()}
         new._outputs = self._outputs
+        new._writers = dict(self._writers)
         new._next_id = self._next_id
         return new
 
@@ -271,7 +276,9 @@ class Graph:
         if any(r.node == nid for r in self._outputs):
             raise GraphError(f"cannot remove {self._nodes[nid].name}: it is a graph output")
         self._dag.remove_node(self._index.pop(nid))
-        del self._nodes[nid]
+        removed = self._nodes.pop(nid)
+        if removed.writes_into is not None and self._writers.get(removed.writes_into.node) == nid:
+            del self._writers[removed.writes_into.node]
         self._control.pop(nid, None)
         for deps in self._control.values():
             deps.discard(nid)
