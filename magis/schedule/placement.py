@@ -11,7 +11,9 @@ frees for sure (storages whose other readers are all its ancestors):
 
 * it frees at least what it keeps — an SGD update frees its gradient, an in-place update
   allocates nothing, a ReLU frees its input: **early**, in the segment of its latest
-  dependency. An update then runs right after the last reader of the old weight;
+  dependency. An update then runs right after the last reader of the old weight. What a late
+  floater made does not count as freed: a NASNet block's add over two branch results of the
+  next cell would otherwise pull the whole branch into the current cell's peak;
 * it adds memory — a weight or bias gradient (the activation it reads has other readers), a
   recomputation in a backward formula (GELU's pow), a scalar or a weight concatenation with no
   inputs: **late**, in the segment where its first user runs, so its result is not held across
@@ -33,14 +35,21 @@ from magis.schedule.narrow_waist import Closure
 from magis.schedule.problem import Problem
 
 
-def frees_for_sure(problem: Problem, clo: Closure, u: int, before: Container[int]) -> int:
+def frees_for_sure(
+    problem: Problem,
+    clo: Closure,
+    u: int,
+    before: Container[int],
+    movable: Container[int] = frozenset(),
+) -> int:
     """Bytes `u` frees whatever the order: storages it reads whose other readers must precede it
-    (its ancestors in `clo`, or units in `before`, which run before the sub-problem)."""
+    (its ancestors in `clo`, or units in `before`, which run before the sub-problem). Storages
+    made by `movable` units do not count: they would move along with `u`."""
     local = clo.index
     anc = clo.anc[local[u]]
     freed = 0
     for s in problem.reads[u]:
-        if problem.soutput[s]:
+        if problem.soutput[s] or problem.sprod[s] in movable:
             continue
         if all(
             r == u or r in before or (r in local and anc >> local[r] & 1)
@@ -62,7 +71,10 @@ def place_floaters(
     module docstring. Dependencies outside `fixed` and `floaters` lie in earlier or later parts
     of the schedule and do not constrain."""
     order = sorted(floaters, key=clo.index.__getitem__)
-    late = {f for f in order if problem.kept(f) > frees_for_sure(problem, clo, f, before)}
+    late: set[int] = set()
+    for f in order:  # what a late floater makes does not count as freed: it moves along
+        if problem.kept(f) > frees_for_sure(problem, clo, f, before, late):
+            late.add(f)
     seg: dict[int, int] = {}
     earliest: dict[int, int] = {}
     for f in order:  # early floaters, in topological order
