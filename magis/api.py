@@ -232,6 +232,7 @@ class ScheduleReport:
     peak_bytes: int
     program_peak_bytes: int
     peak_ratio: float  # peak_bytes / program_peak_bytes
+    lower_bound_bytes: int  # live at some step in every order: no schedule goes below it
     latency_s: float  # simulated; re-ordering leaves it unchanged without Store/Load
     program_latency_s: float
     segments: int
@@ -255,7 +256,7 @@ def schedule_step(
     capture_seconds: float = 0.0,
 ) -> ScheduleReport:
     """Schedule `step`'s graph with `scheduler` and simulate it against the program order."""
-    from magis.schedule import Scheduler, schedule
+    from magis.schedule import Scheduler, peak_lower_bound, schedule
 
     start = time.perf_counter()
     kind = Scheduler.parse(scheduler)  # a bad name fails before any work
@@ -274,6 +275,7 @@ def schedule_step(
         peak_bytes=sim.peak_bytes,
         program_peak_bytes=base.peak_bytes,
         peak_ratio=sim.peak_bytes / base.peak_bytes,
+        lower_bound_bytes=peak_lower_bound(graph),
         latency_s=sim.latency_s,
         program_latency_s=base.latency_s,
         segments=len(res.segments),

@@ -312,6 +312,7 @@ def _print_schedule(rep) -> None:
     table.add_row("nodes", str(rep.nodes))
     table.add_row("peak memory", f"{_gib(rep.peak_bytes)} ({rep.peak_ratio:.3f} of program order)")
     table.add_row("program order peak", _gib(rep.program_peak_bytes))
+    table.add_row("lower bound (any order)", _gib(rep.lower_bound_bytes))
     table.add_row("latency", _ms(rep.latency_s))
     if rep.segments:
         table.add_row(

@@ -16,6 +16,7 @@ from magis.schedule import (
     UnknownSchedulerError,
     incremental_schedule,
     nw_values,
+    peak_lower_bound,
     problem_of,
     schedule,
 )
@@ -81,6 +82,7 @@ def test_dp_is_optimal_on_200_random_dags():
         best = brute_force_peak(g)
         res = schedule(g, Scheduler.DP, check=True)
         assert res.peak_bytes == best, f"seed {seed}"
+        assert peak_lower_bound(g) <= best
         assert res.exact_segments == len(res.segments)
         assert simulate(g, res.order, UnitCostModel()).peak_bytes == best
 

@@ -21,6 +21,7 @@ def test_schedule_json_fields(tmp_path):
     for key in ("peak_bytes", "latency_s", "seconds", "peak_ratio", "exact_segments", "segments"):
         assert key in data
     assert data["peak_ratio"] <= 1.0
+    assert data["lower_bound_bytes"] <= data["peak_bytes"] <= data["program_peak_bytes"]
     assert data["latency_s"] == data["program_latency_s"]  # re-ordering costs no time
     assert 0 < data["exact_segments"] <= data["segments"]
 

@@ -16,6 +16,7 @@ from magis.schedule.scheduler import (
     Scheduler,
     ScheduleResult,
     UnknownSchedulerError,
+    peak_lower_bound,
     schedule,
     verify_schedule,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "UnknownSchedulerError",
     "incremental_schedule",
     "nw_values",
+    "peak_lower_bound",
     "problem_of",
     "reschedule_interval",
     "schedule",

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.schedule.dp import DEFAULT_BUDGET
+from magis.schedule.dp import DEFAULT_BUDGET, lower_bounds
 from magis.schedule.problem import problem_of
+from magis.schedule.segment import segment_problems
 from magis.schedule.solve import Options, SegmentInfo, solve
 
 
@@ -95,6 +96,17 @@ def schedule(
     if check if check is not None else debug_enabled():
         verify_schedule(graph, result)
     return result
+
+
+def peak_lower_bound(graph: Graph) -> int:
+    """Bytes live at some step in every order: no schedule's peak is below this (the DP's
+    static bound on the whole graph: at each unit's step, its inputs and outputs and whatever
+    its ancestors made for its descendants). Equal to a schedule's peak, it proves it optimal."""
+    problem = problem_of(graph)
+    if not problem.n:
+        return problem.resident
+    (seg,) = segment_problems(problem, [range(problem.n)])
+    return problem.resident + max(lower_bounds(seg))
 
 
 def simulated_peak(graph: Graph, order) -> int:
