@@ -20,7 +20,7 @@ Two reductions keep the problem small without changing any optimum:
   step's live set can only shrink). Each view whose non-prologue predecessors all lie in one unit
   joins that unit; a unit runs its members back to back, and its step is its head's step.
 
-Everything else works on units: `Problem` holds their dependency masks, allocations and the
+Everything else works on units: `Problem` holds their dependencies, allocations and the
 storages they make and read, computed once per graph version (`Graph.derived`).
 """
 
@@ -66,21 +66,6 @@ class Problem:
     def kept(self, u: int) -> int:
         """Bytes unit `u` allocates that outlive its step (read later or a graph output)."""
         return sum(self.sbytes[s] for s in self.makes[u] if self.sreaders[s] or self.soutput[s])
-
-    def peak_of(self, units) -> int:
-        """Peak bytes (resident included) of running the prologue then `units` in order."""
-        done = set()
-        pending = {s: len(r) for s, r in enumerate(self.sreaders)}
-        live = peak = 0
-        for u in units:
-            peak = max(peak, live + self.alloc[u])
-            live += self.kept(u)
-            for s in self.reads[u]:
-                pending[s] -= 1
-                if pending[s] == 0 and not self.soutput[s]:
-                    live -= self.sbytes[s]
-            done.add(u)
-        return self.resident + peak
 
 
 def problem_of(graph: Graph) -> Problem:

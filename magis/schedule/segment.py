@@ -55,14 +55,6 @@ class SegmentProblem:
             done |= 1 << i
         return peak
 
-    def is_valid(self, order: Sequence[int]) -> bool:
-        done = 0
-        for i in order:
-            if self.pred_mask[i] & ~done:
-                return False
-            done |= 1 << i
-        return sorted(order) == list(range(self.m))
-
 
 class Sweep:
     """Segments built left to right: what has run so far decides each next segment's problem.

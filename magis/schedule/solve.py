@@ -1,7 +1,8 @@
 """Schedule a set of units: partition, solve each segment, merge (MAGIS §6.1, Alg. 2 line 11).
 
-The unit set (the whole graph, or the reschedule interval of Alg. 2) is worked off as a queue
-of segments, left to right, starting with the whole set:
+The unit set (the whole graph, or the reschedule interval of Alg. 2) is cut by GraphPartition
+(`partition.split`; a set of at most `whole_limit` units goes to the DP whole) and the segments
+are worked off as a queue, left to right:
 
 * a segment of at most `dp_limit` units gets the list schedule as its upper bound, then the DP
   within `budget` expansions; if the DP finishes, its order is optimal for the segment and is
@@ -14,7 +15,13 @@ of segments, left to right, starting with the whole set:
 
 So the DP sees segments as large as it can finish — a floater's placement between segments is a
 heuristic, the DP's order within one is not — and the partition goes only as deep as needed.
+
+Then `polish` re-solves a window of units around the peak step with the DP, which may cross
+segment boundaries, for as long as that lowers the peak (the partition may have kept a cell's
+blocks from interleaving with the next cell's).
+
 `total_budget` caps the expansions of a whole solve: past it, segments get the list schedule.
+Every count is of DP expansions, never of seconds, so results do not depend on the machine.
 """
 
 from __future__ import annotations
