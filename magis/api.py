@@ -16,7 +16,7 @@ import torch
 from magis.backend import compile_program, measure, verify
 from magis.capture import Step, workload_step
 from magis.cost import CostModel, get_cost_model
-from magis.ir import PlaceholderKind
+from magis.ir import Graph, PlaceholderKind
 from magis.sim import SimResult, simulate
 
 Progress = Callable[[str], None]  # told the name of each stage as it starts
@@ -93,13 +93,16 @@ def opaque_ops(step: Step) -> list[str]:
     return sorted({g.node(n).op for n in g.ops() if g.info(n).opaque})
 
 
-def prepare_cost(name: str, step: Step, progress: Progress = _nothing, **kw) -> CostModel:
-    """The cost model `name`; a profiled one measures the step's distinct ops first."""
+def prepare_cost(
+    name: str, step: Step, progress: Progress = _nothing, graph: Graph | None = None, **kw
+) -> CostModel:
+    """The cost model `name`; a profiled one measures the distinct ops of `graph` (the step's
+    own by default) first."""
     cost = get_cost_model(name, **kw)
     profile = getattr(cost, "profile_graph", None)
     if profile is not None:
         progress("profiling operators")
-        profile(step.graph)
+        profile(graph if graph is not None else step.graph)
     return cost
 
 
@@ -165,11 +168,14 @@ def run_step(
     progress: Progress = _nothing,
     repeats: int = 10,
     seed: int = 0,
+    graph: Graph | None = None,
+    order: list[int] | None = None,
 ) -> RunReport:
-    """Execute `step`'s program order as generated code; verify it and measure it."""
+    """Execute `graph` in `order` (default: the step's own graph in program order, or a plan's)
+    as generated code; verify it against the step run eagerly and measure it."""
     start = time.perf_counter()
-    graph = step.graph
-    order = graph.program_order()
+    graph = step.graph if graph is None else graph
+    order = graph.program_order() if order is None else list(order)
     progress("generating code")
     program = compile_program(graph, order)
     inputs = step.make_inputs(seed=seed)
@@ -179,7 +185,7 @@ def run_step(
     check = verify(step, program, inputs, tolerance=tol, seed=seed)
     progress("measuring")
     measured = measure(program, step.program_inputs(inputs), repeats=repeats, seed=seed)
-    cost = prepare_cost(hardware, step, progress)
+    cost = prepare_cost(hardware, step, progress, graph=graph)
     sim = simulate(graph, order, cost)
     return RunReport(
         workload=name,

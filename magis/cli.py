@@ -253,6 +253,10 @@ def optimize_cmd(
             "--memory-figure", help="theoretical (simulated peak) or arena (LLFB layout's arena)."
         ),
     ] = "theoretical",
+    max_states: Annotated[
+        int | None,
+        typer.Option("--max-states", help="Stop after this many states: a reproducible search."),
+    ] = None,
     json_path: JsonOpt = None,
 ) -> None:
     """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
@@ -299,6 +303,7 @@ def optimize_cmd(
             on_improvement=show,
             workload=workload,
             memory_figure=memory_figure,
+            max_states=max_states,
         )
     console.print()
     console.print(plan.report())

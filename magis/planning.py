@@ -25,7 +25,7 @@ from magis.ir import Graph
 from magis.ir.serialize import graph_from_json, graph_to_json
 from magis.search import Improvement, MemoryFigure, Mode, Objective, SearchResult, optimize_graph
 from magis.search.optimizer import measure_state
-from magis.sim import SimResult, simulate
+from magis.sim import SimResult
 
 PLAN_FORMAT = "magis.plan"
 PLAN_VERSION = 1
@@ -232,6 +232,7 @@ def optimize(
     on_improvement: Callable[[Improvement], None] | None = None,
     workload: str | None = None,
     memory_figure: str = "theoretical",
+    max_states: int | None = None,
 ) -> Plan:
     """Optimize a captured step — or a model with example inputs, whose training step is
     captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2)."""
@@ -260,6 +261,7 @@ def optimize(
         time_budget=time_budget,
         on_improvement=on_improvement,
         memory_figure=figure,
+        max_states=max_states,
     )
     return plan_from_search(
         result,
@@ -287,37 +289,10 @@ def _is_paper_size(name: str) -> bool:
 
 def run_plan(workload: str, plan_path: str | Path, hardware: str = "cpu", progress=None):
     """Execute a saved plan on `workload` (a :tiny or :small variant), verify and measure it."""
-    from magis.api import RunReport, _float_dtype
-    from magis.backend import measure, verify
+    from magis.api import run_step
 
     plan = Plan.load(plan_path)
     step = capture_workload(workload)
     check_plan_matches(plan, step)
-    if progress:
-        progress("verifying the plan against eager PyTorch")
-    start = time.perf_counter()
-    program = compile_program(plan.graph, plan.order)
-    inputs = step.make_inputs()
-    dtype = _float_dtype(step)
-    tol = 1e-9 if dtype == torch.float64 else 1e-4
-    check = verify(step, program, inputs, tolerance=tol)
-    measured = measure(program, step.program_inputs(inputs))
-    cost = get_cost_model(hardware)
-    if hasattr(cost, "profile_graph"):
-        cost.profile_graph(plan.graph)
-    sim = simulate(plan.graph, plan.order, cost)
-    return RunReport(
-        workload=workload,
-        dtype=str(dtype).removeprefix("torch."),
-        verified=check.verified,
-        max_rel_err=check.max_rel_err,
-        worst_value=check.worst,
-        tolerance=tol,
-        measured_peak_bytes=measured.peak_bytes,
-        simulated_peak_bytes=sim.peak_bytes,
-        peak_error=abs(sim.peak_bytes - measured.peak_bytes) / max(measured.peak_bytes, 1),
-        latency_s=measured.wall_s,
-        simulated_latency_s=sim.latency_s,
-        hardware=hardware,
-        seconds=time.perf_counter() - start,
-    )
+    kw = {"progress": progress} if progress is not None else {}
+    return run_step(step, workload, hardware, graph=plan.graph, order=plan.order, **kw)
