@@ -108,12 +108,29 @@ def test_dp_without_upper_bound_is_optimal_and_claims_the_simulated_peak():
 )
 def test_every_schedule_is_a_topological_order(seed, ops, updates, budget):
     rng = np.random.default_rng(seed)
-    g = random_dag(rng, ops, n_updates=updates, p_view=0.2, p_multi=0.1, p_swap=0.05)
+    g = random_dag(rng, ops, n_updates=updates, p_view=0.2, p_multi=0.1, p_swap=0.05, p_random=0.1)
+    draws = [n for n in g.topological_order() if g.node(n).op == "aten.bernoulli.default"]
     for kind in Scheduler:
         res = schedule(g, kind, budget=budget, check=True)  # asserts validity and the peak
         assert g.is_valid_schedule(list(res.order))
+        assert [n for n in res.order if n in draws] == draws  # the RNG is drawn in order
     program = schedule(g, Scheduler.PROGRAM).peak_bytes
     assert schedule(g, Scheduler.DP, budget=budget).peak_bytes <= max(program, 0) or budget < 50
+
+
+def test_random_ops_keep_their_program_order():
+    """Two dropout masks: the DP would rather draw the second first (reduced at once, it never
+    meets the first), but swapping them swaps the numbers each draws."""
+    g = Graph()
+    x = g.add_placeholder("x", f32(10), PlaceholderKind.DATA)
+    first = g.add_op("first", "aten.bernoulli.default", (Ref(x),), outputs=(f32(1000),))
+    second = g.add_op("second", "aten.bernoulli.default", (Ref(x),), outputs=(f32(500),))
+    reduced = g.add_op("reduced", "aten.sum.default", (Ref(second),), outputs=(f32(),))
+    out = g.add_op("out", "aten.mul.Tensor", (Ref(first), Ref(reduced)), outputs=(f32(),))
+    g.set_outputs([Ref(out)])
+    res = schedule(g, Scheduler.DP, check=True)
+    assert res.order.index(first) < res.order.index(second)
+    assert res.peak_bytes == 40 + 4000 + 2000 + 4  # at `reduced`; swapped it would be 4048
 
 
 def test_nw_values_on_a_hand_graph():

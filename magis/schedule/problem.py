@@ -136,27 +136,36 @@ def _units(
     """(prologue, unit of each other node, members of each unit, unit predecessors).
 
     Only a unit's head can depend on another unit: a view joins a unit only when all its
-    non-prologue predecessors are in it."""
+    non-prologue predecessors are in it. Ops that draw from the random generator (dropout's
+    `bernoulli`) are chained in their program order: the graph has no edge between two of them,
+    but swapping them swaps the numbers each one draws, and the step no longer computes what
+    eager PyTorch does."""
     prologue: list[int] = []
     unit_of: dict[int, int] = {}
     members: list[list[int]] = []
     preds: list[list[int]] = []
-    is_view: dict[str, bool] = {}
+    flags: dict[str, tuple[bool, bool]] = {}  # op -> (is_view, is_random)
+    last_random: int | None = None  # unit of the latest random op so far
     for nid in topo:
         node = graph.node(nid)
         owners = {unit_of[p] for p in graph.predecessors(nid) if p in unit_of}
-        if node.is_placeholder or (not owners and not device.get(nid)):
+        if not node.is_placeholder and node.op not in flags:
+            info = graph.registry.lookup(node.op)
+            flags[node.op] = (info.is_view, info.is_random)
+        view, rand = flags.get(node.op, (False, False))
+        if node.is_placeholder or (not owners and not device.get(nid) and not rand):
             prologue.append(nid)
             continue
-        view = is_view.get(node.op)
-        if view is None:
-            view = is_view[node.op] = graph.registry.lookup(node.op).is_view
         if view and len(owners) == 1:
             u = owners.pop()  # a view runs right after what it views
             unit_of[nid] = u
             members[u].append(nid)
-        else:
-            unit_of[nid] = len(members)
-            members.append([nid])
-            preds.append(sorted(owners))
+            continue
+        if rand and last_random is not None:
+            owners.add(last_random)
+        unit_of[nid] = len(members)
+        members.append([nid])
+        preds.append(sorted(owners))
+        if rand:
+            last_random = unit_of[nid]
     return prologue, unit_of, members, preds

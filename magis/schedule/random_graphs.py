@@ -37,9 +37,11 @@ def random_dag(
     p_view: float = 0.15,
     p_multi: float = 0.1,
     p_swap: float = 0.0,
+    p_random: float = 0.0,
 ) -> Graph:
     """A random DAG of `n_ops` ops (plus `n_updates` in-place updates) over a few placeholders;
-    a fraction `p_swap` of the ops is a Store/Load pair (swapping, §5.2)."""
+    a fraction `p_swap` of the ops is a Store/Load pair (swapping, §5.2), a fraction `p_random`
+    draws from the random generator (dropout's bernoulli)."""
     g = Graph()
     values: list[Ref] = []
     weights = []
@@ -50,7 +52,12 @@ def random_dag(
         weights.append(w)
         values.append(Ref(w))
     for i in range(n_ops):
-        if rng.random() < p_swap:
+        draw = rng.random()
+        if draw < p_random:
+            src = values[-1 - int(rng.integers(min(len(values), 8)))]
+            mask = g.add_op(f"bernoulli{i}", "aten.bernoulli.default", (src,), outputs=(_vec(rng),))
+            values.append(Ref(mask))
+        elif draw < p_random + p_swap:
             src = values[-1 - int(rng.integers(min(len(values), 8)))]
             st = g.add_op(f"store{i}", STORE_OP, (src,), outputs=(g.meta(src),))
             values.append(Ref(g.add_op(f"load{i}", LOAD_OP, (Ref(st),), outputs=(g.meta(src),))))

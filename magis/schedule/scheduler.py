@@ -1,7 +1,8 @@
 """The schedulers, chosen by name, and what they return (MAGIS §5.2 re-ordering, §6.1).
 
 `schedule(graph, Scheduler.DP)` re-orders a graph for the least peak memory without changing what
-runs, so its latency is the program order's (without Store/Load, the sum of operator times).
+runs, so its latency is the program order's (without Store/Load, the sum of operator times), nor
+what it computes: ops that draw from the random generator keep their program order.
 Every returned order is a topological order of the graph; with ``check=True`` or the environment
 variable ``MAGIS_DEBUG=1`` that is asserted, and so is the claimed peak against
 `magis.sim.memory_timeline`.
