@@ -61,22 +61,29 @@ def recompute(graph: Graph, value: Ref, user: int) -> Rewritten:
     return Rewritten(g, frozenset({twin}), frozenset(changed))
 
 
-def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
+def hot_value_users(ctx: RuleContext, eligible) -> Iterator[tuple[Ref, int]]:
+    """(hot value, late user) pairs for the values `eligible(value)` accepts, at most
+    `ctx.max_candidates` of them: the candidates of both re-materialization and swapping (H2)."""
     emitted = 0
     for value in hot_values(ctx):
-        if value.node in ctx.frozen or not recomputable(ctx.graph, value.node):
+        if value.node in ctx.frozen or not eligible(value):
             continue
         for user in late_users(ctx, value):
-            name = ctx.graph.node(value.node).name
-            yield Rewrite(
-                "remat",
-                RuleKind.REMAT,
-                f"recompute {name} for {ctx.graph.node(user).name}",
-                lambda v=value, u=user: recompute(ctx.graph, v, u),
-            )
+            yield value, user
             emitted += 1
             if emitted >= ctx.max_candidates:
                 return
+
+
+def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
+    graph = ctx.graph
+    for value, user in hot_value_users(ctx, lambda v: recomputable(graph, v.node)):
+        yield Rewrite(
+            "remat",
+            RuleKind.REMAT,
+            f"recompute {graph.node(value.node).name} for {graph.node(user).name}",
+            lambda v=value, u=user: recompute(graph, v, u),
+        )
 
 
 def _duplicate_key(graph: Graph, nid: int):

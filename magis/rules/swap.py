@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.remat import hot_values, late_users
+from magis.rules.remat import hot_value_users
 
 
 def swap(graph: Graph, value: Ref, user: int) -> Rewritten:
@@ -41,26 +41,19 @@ def unswap(graph: Graph, load: int) -> Rewritten:
     return Rewritten(g, frozenset(), frozenset(changed), frozenset(removed))
 
 
+def _swappable(graph: Graph, value: Ref) -> bool:
+    return not graph.node(value.node).is_placeholder and not graph.info(value.node).copy_stream
+
+
 def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
-    emitted = 0
-    for value in hot_values(ctx):
-        node = ctx.graph.node(value.node)
-        if (
-            value.node in ctx.frozen
-            or node.is_placeholder
-            or ctx.graph.info(value.node).copy_stream
-        ):
-            continue
-        for user in late_users(ctx, value):
-            yield Rewrite(
-                "swap",
-                RuleKind.SWAP,
-                f"swap {node.name} out until {ctx.graph.node(user).name}",
-                lambda v=value, u=user: swap(ctx.graph, v, u),
-            )
-            emitted += 1
-            if emitted >= ctx.max_candidates:
-                return
+    graph = ctx.graph
+    for value, user in hot_value_users(ctx, lambda v: _swappable(graph, v)):
+        yield Rewrite(
+            "swap",
+            RuleKind.SWAP,
+            f"swap {graph.node(value.node).name} out until {graph.node(user).name}",
+            lambda v=value, u=user: swap(graph, v, u),
+        )
 
 
 def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
