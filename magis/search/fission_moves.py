@@ -35,13 +35,21 @@ class Fissioned:
     tree: object
 
 
-def analyze(graph: Graph, order: list[int], max_level: int = 4):
+def analyze(graph: Graph, order: list[int], max_level: int = 4, naive_seed: int | None = None):
     """(prepared base graph, its order, F-Tree) for the initial state, or None when the graph
-    offers no fission (an unprepared graph, or nothing hot is splittable)."""
+    offers no fission (an unprepared graph, or nothing hot is splittable).
+
+    `naive_seed` set builds the ablation's naive F-Tree instead of Alg. 1 (MAGIS §7.2.5,
+    "naive-fission": valid sub-graphs and dimensions picked at random, heuristic H1 off)."""
     try:
         base = prepare(graph)
         base_order = base.topological_order()
-        tree = build_ftree(base, max_level=max_level, order=base_order)
+        if naive_seed is None:
+            tree = build_ftree(base, max_level=max_level, order=base_order)
+        else:
+            from magis.analyze.naive import naive_ftree
+
+            tree = naive_ftree(base, max_level=max_level, seed=naive_seed)
     except MagisError:
         return None
     if len(tree) == 0:

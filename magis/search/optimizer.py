@@ -109,12 +109,18 @@ def initial_state(
     cost: CostModel,
     fission: bool = True,
     figure: MemoryFigure = MemoryFigure.THEORETICAL,
+    max_level: int = 4,
+    naive_fission_seed: int | None = None,
 ) -> MState:
     """The graph scheduled by the DP scheduler (re-ordering costs no time: MAGIS §5.2), with
     its F-Tree (Analyze, Alg. 1) when `fission` is on."""
     order = schedule(graph, "dp").order
     state = MState(graph, order, measure_state(graph, order, cost, figure), wl_hash(graph))
-    analysis = fission_moves.analyze(graph, list(order)) if fission else None
+    analysis = (
+        fission_moves.analyze(graph, list(order), max_level, naive_fission_seed)
+        if fission
+        else None
+    )
     if analysis is None:
         return state
     base, base_order, tree = analysis
@@ -133,13 +139,18 @@ def optimize_graph(
     max_states: int | None = None,
     fission: bool = True,
     memory_figure: MemoryFigure = MemoryFigure.THEORETICAL,
+    max_level: int = 4,
+    naive_fission_seed: int | None = None,
 ) -> SearchResult:
-    """Alg. 3 on `graph` under `objective`, for at most `time_budget` seconds."""
+    """Alg. 3 on `graph` under `objective`, for at most `time_budget` seconds.
+
+    `max_level` is the F-Tree's L (heuristic H3); `hotspots_only` is H2; `naive_fission_seed`
+    turns H1 off (the §7.2.5 ablation's naive-fission)."""
     rules = tuple(rules) if rules is not None else default_rules()
     start = time.perf_counter()
     stats = SearchStats()
     timer = _Timer(stats, memory_figure)
-    init = initial_state(graph, cost, fission, memory_figure)
+    init = initial_state(graph, cost, fission, memory_figure, max_level, naive_fission_seed)
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
     tie = itertools.count()
