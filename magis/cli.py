@@ -384,6 +384,118 @@ def bench_incremental_cmd(
     _write_json(json_path, rep.to_json())
 
 
+@contextmanager
+def _bar(title: str) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar over a benchmark's steps, naming the current one, with elapsed time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task(title, total=None)
+        yield lambda what, done, total: bar.update(
+            task, description=f"{title}: {what}", completed=done, total=total
+        )
+
+
+def _split_names(text: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
+def _print_compare(rep) -> None:
+    from magis.bench.compare import CONSTRAINTS, constraint_table
+
+    for c in CONSTRAINTS:
+        workloads, rows = constraint_table(rep, c)
+        what = "memory ratio" if c.mode.value == "lat-limit" else "latency overhead"
+        table = Table("method", *workloads, title=f"{what} under {c.label}")
+        for cells in rows:
+            table.add_row(*[f"[red]{x}[/red]" if x == "FAILURE" else x for x in cells])
+        console.print(table)
+
+
+@bench_app.command("compare")
+def bench_compare_cmd(
+    workloads: Annotated[
+        list[str] | None, typer.Argument(help="Workloads (default: the seven at paper size).")
+    ] = None,
+    hardware: HardwareOpt = "rtx3090",
+    time_budget: Annotated[
+        float, typer.Option("--time-budget", help="Seconds per MAGIS search (6 per workload).")
+    ] = 60.0,
+    out: Annotated[Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNGs.")] = Path(
+        "out/bench-compare"
+    ),
+    methods: Annotated[
+        str | None,
+        typer.Option("--methods", help="Comma-separated: magis and baseline names (default: all)."),
+    ] = None,
+    microbatch: Annotated[
+        str, typer.Option("--microbatch", help="Fig. 12 on: vit (ViT only), all, none.")
+    ] = "vit",
+    json_path: JsonOpt = None,
+) -> None:
+    """MAGIS and every baseline under latency limits 1.05/1.10 and memory limits 0.8/0.4, Pareto
+    curves and micro-batching (MAGIS §7.2, Figs. 9-12). Ctrl-C keeps what finished."""
+    from magis.bench.compare import (
+        PAPER_WORKLOADS,
+        BenchError,
+        CompareOptions,
+        MicrobatchScope,
+        check_methods,
+        run_compare,
+    )
+
+    try:
+        scope = MicrobatchScope(microbatch)
+    except ValueError:
+        raise BenchError(f"--microbatch {microbatch!r}: choose vit, all or none") from None
+    options = CompareOptions(
+        workloads=tuple(workloads or PAPER_WORKLOADS),
+        methods=check_methods(_split_names(methods)),
+        hardware=hardware,
+        time_budget=time_budget,
+        out=out,
+        microbatch=scope,
+    )
+    with _bar("compare") as progress:
+        rep = run_compare(options, progress)
+    _print_compare(rep)
+    console.print(f"[dim]results in {out} ({rep.seconds:.0f} s)[/dim]")
+    _write_json(json_path, rep.to_json())
+    if rep.interrupted:
+        err_console.print("interrupted: the results hold what finished")
+        raise typer.Exit(130)
+
+
+@bench_app.command("ablation")
+def bench_ablation_cmd(
+    workload: Annotated[str, typer.Argument(help="The workload (the paper: bert-base).")] = (
+        "bert-base"
+    ),
+    hardware: HardwareOpt = "rtx3090",
+    time_budget: Annotated[
+        float, typer.Option("--time-budget", help="Seconds per search (20 searches).")
+    ] = 60.0,
+    out: Annotated[Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNG.")] = Path(
+        "out/bench-ablation"
+    ),
+    json_path: JsonOpt = None,
+) -> None:
+    """naive-fission, naive-sch-rules, max-level 2/4/8 under the four constraints: best-so-far
+    curves over search time (MAGIS §7.2.5, Fig. 13). Ctrl-C keeps what finished."""
+    from magis.bench.ablation import AblationOptions, run_ablation, tables_markdown
+
+    options = AblationOptions(workload, hardware, time_budget, out)
+    with _bar("ablation") as progress:
+        rep = run_ablation(options, progress)
+    console.print(tables_markdown(rep))
+    console.print(f"[dim]results in {out} ({rep.seconds:.0f} s)[/dim]")
+    _write_json(json_path, rep.to_json())
+    if rep.interrupted:
+        err_console.print("interrupted: the results hold what finished")
+        raise typer.Exit(130)
+
+
 @app.command("demo")
 def demo_cmd(json_path: JsonOpt = None) -> None:
     """Analyze bert-base at paper size, then run and verify bert-base:tiny."""

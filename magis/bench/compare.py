@@ -1,0 +1,592 @@
+"""MAGIS against every baseline on the same graphs, simulator and cost model (MAGIS §7.2, Figs. 9-12).
+
+For each workload: capture the training step, simulate its program order (the PyTorch baseline:
+every ratio below is against it, on the same cost model), then for every method
+
+- **baselines** (`magis.baselines`): the method's points are computed ONCE (its Pareto
+  candidates), and each constraint picks among them: the least memory within a latency limit
+  (`best_under_latency`), the fastest within a memory limit (`best_under_memory`);
+- **MAGIS**: one search of Alg. 3 (`optimize_graph`) per constraint, `time_budget` seconds each
+  (`DEFAULT_TIME_BUDGET` = 60 s: seven paper-size workloads in well under two hours).
+
+The constraints are §7.2.1's latency limits 1.05 and 1.10 and §7.2.2's memory limits 0.8 and 0.4.
+A method that cannot meet one is a FAILURE row with the reason; a baseline whose module is missing
+or crashes is a FAILURE row too, never the end of the run.
+
+Pareto sweep (Fig. 11): a baseline's curve is the Pareto front of all its points. MAGIS's curve is
+the front of every state its searches recorded as an improvement — the four constrained searches
+and `PARETO_MEMORY_RATIOS` extra memory-limit searches (0.6 and 0.2) that fill the curve between
+and below them — so a point on it is a real program the search built, and each search costs the
+same budget. Micro-batching (Fig. 12): `microbatch_points(workload, POFO, cost, factors)` on the
+ViT workloads by default (`MicrobatchScope`), factors 8, 16, 32 as in §7.2.4.
+
+Results are rewritten after every method of every workload (`results.csv`, `results.json`,
+`tables.md`, the PNG figures), so a run stopped by Ctrl-C keeps everything it finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from magis.baselines import (
+    BaselinePoint,
+    Failure,
+    Outcome,
+    baseline_names,
+    best_under_latency,
+    best_under_memory,
+    get_baseline,
+    pareto_front,
+)
+from magis.capture import Step
+from magis.cost import CostModel, get_cost_model
+from magis.errors import MagisError
+from magis.ir import Graph
+from magis.search import Mode, Objective, SearchResult, optimize_graph
+from magis.sim import SimResult, simulate
+
+PAPER_WORKLOADS = (
+    "resnet50",
+    "bert-base",
+    "vit-base",
+    "unet",
+    "unetpp",
+    "gpt-neo-1.3b",
+    "btlm-3b",
+)
+DEFAULT_TIME_BUDGET = 60.0  # seconds per MAGIS search (the paper gives 3 min; see the README)
+PARETO_MEMORY_RATIOS = (0.6, 0.2)  # extra MAGIS searches for its Pareto curve
+MICROBATCH_FACTORS = (8, 16, 32)  # §7.2.4
+MAGIS = "magis"
+
+# Called as progress(description, steps done, steps in all).
+Progress = Callable[[str, int, int], None]
+
+
+class BenchError(MagisError):
+    """A benchmark asked for something that does not exist (a method, a workload)."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A latency limit (least memory within it) or a memory limit (least latency within it),
+    as a ratio of the program order's figure."""
+
+    mode: Mode
+    ratio: float
+
+    @property
+    def label(self) -> str:
+        return f"{'lat' if self.mode is Mode.LATENCY_LIMIT else 'mem'}<={self.ratio:g}"
+
+    def objective(self, base: SimResult) -> Objective:
+        if self.mode is Mode.LATENCY_LIMIT:
+            return Objective(self.mode, self.ratio * base.latency_s)
+        return Objective(self.mode, int(self.ratio * base.peak_bytes))
+
+
+LATENCY_CONSTRAINTS = (Constraint(Mode.LATENCY_LIMIT, 1.05), Constraint(Mode.LATENCY_LIMIT, 1.10))
+MEMORY_CONSTRAINTS = (Constraint(Mode.MEMORY_LIMIT, 0.8), Constraint(Mode.MEMORY_LIMIT, 0.4))
+CONSTRAINTS = LATENCY_CONSTRAINTS + MEMORY_CONSTRAINTS
+PARETO = "pareto"
+MICROBATCH = "microbatch"
+
+
+class MicrobatchScope(enum.Enum):
+    """Which workloads get the micro-batching comparison of Fig. 12."""
+
+    VIT = "vit"  # the ViT family only, as the paper
+    ALL = "all"
+    NONE = "none"
+
+    def covers(self, workload: str) -> bool:
+        if self is MicrobatchScope.ALL:
+            return True
+        return self is MicrobatchScope.VIT and workload.split(":")[0] == "vit-base"
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    workloads: tuple[str, ...] = PAPER_WORKLOADS
+    methods: tuple[str, ...] = ()  # empty: MAGIS and every registered baseline
+    hardware: str = "rtx3090"
+    time_budget: float = DEFAULT_TIME_BUDGET
+    out: Path = Path("out/bench-compare")
+    pareto_memory_ratios: tuple[float, ...] = PARETO_MEMORY_RATIOS
+    microbatch: MicrobatchScope = MicrobatchScope.VIT
+    microbatch_factors: tuple[int, ...] = MICROBATCH_FACTORS
+
+    def all_methods(self) -> tuple[str, ...]:
+        return self.methods or (MAGIS, *baseline_names())
+
+
+@dataclass(frozen=True)
+class Row:
+    """One workload x method x constraint (or one Pareto / micro-batching point)."""
+
+    workload: str
+    method: str
+    constraint: str  # Constraint.label, PARETO or MICROBATCH
+    memory_ratio: float | None
+    latency_ratio: float | None
+    memory_bytes: int | None
+    latency_s: float | None
+    satisfied: bool
+    reason: str = ""  # why a FAILURE
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.satisfied else "FAILURE"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status}
+
+
+CSV_FIELDS = (
+    "workload",
+    "method",
+    "constraint",
+    "status",
+    "memory_ratio",
+    "latency_ratio",
+    "memory_bytes",
+    "latency_s",
+    "satisfied",
+    "reason",
+    "params",
+)
+
+
+@dataclass
+class WorkloadResult:
+    workload: str
+    program_peak_bytes: int
+    program_latency_s: float
+    rows: list[Row] = field(default_factory=list)
+    seconds: float = 0.0
+    complete: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "program_peak_bytes": self.program_peak_bytes,
+            "program_latency_s": self.program_latency_s,
+            "seconds": self.seconds,
+            "complete": self.complete,
+            "rows": [r.to_json() for r in self.rows],
+        }
+
+
+@dataclass
+class CompareReport:
+    options: CompareOptions
+    workloads: list[WorkloadResult] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+    def rows(self) -> list[Row]:
+        return [r for w in self.workloads for r in w.rows]
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "hardware": o.hardware,
+            "time_budget_s": o.time_budget,
+            "methods": list(o.all_methods()),
+            "constraints": [c.label for c in CONSTRAINTS],
+            "pareto_memory_ratios": list(o.pareto_memory_ratios),
+            "microbatch_factors": list(o.microbatch_factors),
+            "interrupted": self.interrupted,
+            "seconds": self.seconds,
+            "out": str(o.out),
+            "workloads": [w.to_json() for w in self.workloads],
+        }
+
+
+@dataclass(frozen=True)
+class Context:
+    """One workload as every method sees it."""
+
+    workload: str
+    step: Step
+    cost: CostModel
+    base: SimResult  # program order: the PyTorch baseline, the denominator of every ratio
+
+    @property
+    def graph(self) -> Graph:
+        return self.step.graph
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
+    known = (MAGIS, *baseline_names())
+    methods = tuple(methods)
+    for m in methods:
+        if m not in known:
+            raise BenchError(f"unknown method {m!r}: choose among {', '.join(known)}")
+    return methods
+
+
+def check_workloads(workloads: Iterable[str]) -> tuple[str, ...]:
+    from magis.capture import get_workload
+
+    workloads = tuple(workloads)
+    for w in workloads:
+        get_workload(w)  # an unknown name fails now, not an hour into the run
+    return workloads
+
+
+def run_compare(options: CompareOptions, progress: Progress | None = None) -> CompareReport:
+    """Every method on every workload under every constraint; files rewritten as rows come."""
+    check_methods(options.all_methods())
+    check_workloads(options.workloads)
+    report = CompareReport(options)
+    steps = _Steps(len(options.workloads) * _steps_per_workload(options), progress)
+    start = time.perf_counter()
+    try:
+        for workload in options.workloads:
+            _run_workload(workload, options, report, steps)
+    except KeyboardInterrupt:
+        report.interrupted = True
+    report.seconds = time.perf_counter() - start
+    write_outputs(report)
+    return report
+
+
+@dataclass
+class _Steps:
+    total: int
+    progress: Progress | None
+    done: int = 0
+
+    def start(self, description: str) -> None:
+        if self.progress is not None:
+            self.progress(description, self.done, self.total)
+
+    def finish(self, n: int = 1) -> None:
+        self.done += n
+
+
+def _steps_per_workload(options: CompareOptions) -> int:
+    magis = len(CONSTRAINTS) + len(options.pareto_memory_ratios)
+    methods = options.all_methods()
+    return 1 + len(methods) - (MAGIS in methods) + magis * (MAGIS in methods) + 1
+
+
+def _run_workload(
+    workload: str, options: CompareOptions, report: CompareReport, steps: _Steps
+) -> None:
+    start = time.perf_counter()
+    steps.start(f"{workload}: capture")
+    ctx = capture_context(workload, options.hardware)
+    steps.finish()
+    result = WorkloadResult(workload, ctx.base.peak_bytes, ctx.base.latency_s)
+    report.workloads.append(result)
+    cache: dict[str, list[Outcome]] = {}
+
+    def emit(rows: Iterable[Row]) -> None:
+        result.rows.extend(rows)
+        result.seconds = time.perf_counter() - start
+        write_outputs(report, figures=False)  # figures: once per workload (a second or two)
+
+    for method in options.all_methods():
+        if method == MAGIS:
+            magis_rows(ctx, options, steps, emit)
+            continue
+        steps.start(f"{workload}: {method}")
+        cache[method] = baseline_outcomes(method, ctx)
+        steps.finish()
+        emit(baseline_rows(ctx, method, cache[method]))
+    steps.start(f"{workload}: micro-batching")
+    if options.microbatch.covers(workload):
+        result.rows.extend(microbatch_rows(ctx, options.microbatch_factors, cache.get("pofo")))
+    steps.finish()
+    result.complete = True
+    result.seconds = time.perf_counter() - start
+    write_outputs(report)
+
+
+def capture_context(workload: str, hardware: str) -> Context:
+    from magis.planning import capture_workload
+
+    step = capture_workload(workload)
+    cost = get_cost_model(hardware)
+    base = simulate(step.graph, step.graph.program_order(), cost)
+    return Context(workload, step, cost, base)
+
+
+# --- baselines -------------------------------------------------------------------------------
+
+
+def baseline_outcomes(method: str, ctx: Context) -> list[Outcome]:
+    """All points of one baseline on this workload, computed once; a missing module or a crash
+    is one Failure with the reason (Ctrl-C still stops the run)."""
+    try:
+        return list(_points(method, ctx))
+    except Exception as exc:  # noqa: BLE001 - any baseline bug is a FAILURE row, not a crash
+        return [Failure(method, _why(exc))]
+
+
+def _points(method: str, ctx: Context) -> Iterable[Outcome]:
+    if method in ("min-cut", "min-cut-budget"):
+        # PyTorch's partitioner re-traces the model through AOTAutograd: it needs the workload,
+        # not our graph. "min-cut" is budget 1.0; "min-cut-budget" sweeps 1.0 .. 0.0.
+        from magis.baselines.mincut import DEFAULT_BUDGETS, min_cut_baseline
+
+        budgets = DEFAULT_BUDGETS if method == "min-cut-budget" else None
+        return min_cut_baseline(ctx.workload, budgets).points(ctx.graph, ctx.cost)
+    return get_baseline(method).points(ctx.graph, ctx.cost)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ImportError):
+        return f"not available: {exc}"
+    return f"crashed: {type(exc).__name__}: {exc}"
+
+
+def baseline_rows(ctx: Context, method: str, outcomes: Sequence[Outcome]) -> list[Row]:
+    rows = []
+    for c in CONSTRAINTS:
+        limit = c.objective(ctx.base).limit
+        if c.mode is Mode.LATENCY_LIMIT:
+            chosen = best_under_latency(outcomes, limit, method)
+        else:
+            chosen = best_under_memory(outcomes, int(limit), method)
+        rows.append(_outcome_row(ctx, method, c.label, _explained(chosen, outcomes)))
+    points = [o for o in outcomes if isinstance(o, BaselinePoint)]
+    rows += [_outcome_row(ctx, method, PARETO, p) for p in pareto_front(points)]
+    return rows
+
+
+def _explained(chosen: Outcome, outcomes: Sequence[Outcome]) -> Outcome:
+    """A selection failure over no points at all repeats the method's own failure reason."""
+    if isinstance(chosen, Failure) and not any(isinstance(o, BaselinePoint) for o in outcomes):
+        reasons = sorted({o.reason for o in outcomes if isinstance(o, Failure)})
+        if reasons:
+            return Failure(chosen.method, "; ".join(reasons))
+    return chosen
+
+
+def _outcome_row(ctx: Context, method: str, constraint: str, o: Outcome) -> Row:
+    if isinstance(o, Failure):
+        return Row(
+            ctx.workload, method, constraint, None, None, None, None, False, o.reason, o.params
+        )
+    params = dict(o.params)
+    if o.repeats != 1:
+        params["repeats"] = o.repeats
+    return _figures_row(ctx, method, constraint, o.memory, o.latency, True, "", params)
+
+
+def _figures_row(ctx, method, constraint, memory, latency, satisfied, reason, params) -> Row:
+    return Row(
+        ctx.workload,
+        method,
+        constraint,
+        memory / ctx.base.peak_bytes,
+        latency / ctx.base.latency_s,
+        int(memory),
+        float(latency),
+        satisfied,
+        reason,
+        params,
+    )
+
+
+# --- MAGIS -----------------------------------------------------------------------------------
+
+
+def magis_rows(
+    ctx: Context, options: CompareOptions, steps: _Steps, emit: Callable[[Iterable[Row]], None]
+) -> None:
+    """One search per constraint, then the extra memory-limit searches; the Pareto rows come
+    from every improvement any of them recorded. Each row is emitted as soon as it exists."""
+    records: list[tuple[int, float, str]] = [(ctx.base.peak_bytes, ctx.base.latency_s, "program")]
+    extra = [Constraint(Mode.MEMORY_LIMIT, r) for r in options.pareto_memory_ratios]
+    for c in (*CONSTRAINTS, *extra):
+        steps.start(f"{ctx.workload}: magis {c.label} ({options.time_budget:g} s)")
+        result = search(ctx, c, options.time_budget)
+        steps.finish()
+        records += [(i.memory, i.latency, c.label) for i in result.improvements]
+        emit([magis_row(ctx, c, result)] if c in CONSTRAINTS else [])
+        if result.interrupted:
+            raise KeyboardInterrupt
+    emit(
+        _figures_row(ctx, MAGIS, PARETO, m, lat, True, "", {"search": src})
+        for m, lat, src in _front(records)
+    )
+
+
+def search(ctx: Context, c: Constraint, time_budget: float, **knobs: Any) -> SearchResult:
+    return optimize_graph(ctx.graph, ctx.cost, c.objective(ctx.base), time_budget, **knobs)
+
+
+def magis_row(ctx: Context, c: Constraint, result: SearchResult) -> Row:
+    best = result.best
+    reason = ""
+    if not result.satisfied:
+        reason = (
+            f"best found in {result.seconds:.0f} s: memory {best.memory / ctx.base.peak_bytes:.3f},"
+            f" latency {best.latency / ctx.base.latency_s:.3f} of the program order"
+        )
+    params = {
+        "time_budget_s": round(result.seconds, 2),
+        "states_explored": result.stats.states_explored,
+        "rules": dict(result.stats.rules_applied),
+    }
+    return _figures_row(
+        ctx, MAGIS, c.label, best.memory, best.latency, result.satisfied, reason, params
+    )
+
+
+def _front(records: list[tuple[int, float, str]]) -> list[tuple[int, float, str]]:
+    """The records no other beats in both memory and latency (a latency within 1e-9 relative
+    of a smaller-memory record's is a tie: summation order, not a faster program)."""
+    front: list[tuple[int, float, str]] = []
+    for rec in sorted(records, key=lambda r: (r[0], r[1])):
+        if not front or rec[1] < front[-1][1] * (1 - 1e-9):
+            front.append(rec)
+    return front
+
+
+# --- micro-batching (Fig. 12) ----------------------------------------------------------------
+
+
+def microbatch_rows(
+    ctx: Context, factors: Sequence[int], pofo: Sequence[Outcome] | None
+) -> list[Row]:
+    """POFO alone, and POFO on the graph micro-batched by each factor: each one's Pareto front."""
+    rows = []
+    if pofo is None:
+        pofo = baseline_outcomes("pofo", ctx)
+    rows += _series_rows(ctx, "pofo", pofo)
+    try:
+        from magis.baselines.microbatch import microbatch_points
+
+        outcomes = list(microbatch_points(ctx.workload, get_baseline("pofo"), ctx.cost, factors))
+    except Exception as exc:  # noqa: BLE001 - a FAILURE row, as for any baseline
+        outcomes = [Failure("microbatch", _why(exc))]
+    for f in factors:
+        mine = [o for o in outcomes if _factor(o) == f]
+        rows += _series_rows(ctx, f"pofo x{f}", mine or [_no_points(outcomes, f)])
+    return rows
+
+
+def _factor(o: Outcome) -> int | None:
+    if isinstance(o, BaselinePoint):
+        return int(o.params.get("factor", o.repeats))
+    factor = o.params.get("factor")
+    return None if factor is None else int(factor)
+
+
+def _no_points(outcomes: Sequence[Outcome], factor: int) -> Failure:
+    reasons = sorted({o.reason for o in outcomes if isinstance(o, Failure)})
+    return Failure(f"pofo x{factor}", "; ".join(reasons) or "no point for this factor")
+
+
+def _series_rows(ctx: Context, name: str, outcomes: Sequence[Outcome]) -> list[Row]:
+    points = [o for o in outcomes if isinstance(o, BaselinePoint)]
+    if not points:
+        return [
+            _outcome_row(ctx, name, MICROBATCH, _explained(Failure(name, "no point"), outcomes))
+        ]
+    return [_outcome_row(ctx, name, MICROBATCH, p) for p in pareto_front(points)]
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def write_outputs(report: CompareReport, figures: bool = True) -> None:
+    """results.csv, results.json, tables.md and the figures, rewritten whole (atomically)."""
+    from magis.bench import plots
+
+    out = report.options.out
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "results.csv", report.rows())
+    _atomic_write(out / "results.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    _atomic_write(out / "tables.md", tables_markdown(report))
+    if figures:
+        plots.compare_figures(report, out)
+
+
+def write_csv(path: Path, rows: Iterable[Row]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in rows:
+            d = r.to_json()
+            d["params"] = json.dumps(d["params"], sort_keys=True, default=str)
+            writer.writerow({k: ("" if d[k] is None else d[k]) for k in CSV_FIELDS})
+    tmp.replace(path)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def constraint_table(report: CompareReport, c: Constraint) -> tuple[list[str], list[list[str]]]:
+    """(workloads, one row of cells per method) for one constraint: the memory ratio under a
+    latency limit (Fig. 9), the latency overhead under a memory limit (Fig. 10)."""
+    workloads = [w.workload for w in report.workloads]
+    found = {(r.workload, r.method): r for r in report.rows() if r.constraint == c.label}
+    table = []
+    for m in report.options.all_methods():
+        table.append([m] + [_cell(found.get((w, m)), c) for w in workloads])
+    return workloads, table
+
+
+def _cell(row: Row | None, c: Constraint) -> str:
+    if row is None:
+        return "—"
+    if not row.satisfied:
+        return "FAILURE"
+    if c.mode is Mode.LATENCY_LIMIT:
+        return f"{row.memory_ratio:.3f}"
+    return f"{(row.latency_ratio - 1) * 100:+.1f}%"
+
+
+def tables_markdown(report: CompareReport) -> str:
+    o = report.options
+    lines = [
+        f"# magis bench compare ({o.hardware}, MAGIS {o.time_budget:g} s per search)",
+        "",
+        "Ratios against PyTorch's program order on the same cost model.",
+    ]
+    if report.interrupted:
+        lines.append("\n**Interrupted**: the tables hold what finished.")
+    titles = {
+        Mode.LATENCY_LIMIT: "Fig. 9: peak memory ratio under latency limit {r:g} (lower is better)",
+        Mode.MEMORY_LIMIT: "Fig. 10: latency overhead under memory limit {r:g} (lower is better)",
+    }
+    for c in CONSTRAINTS:
+        workloads, table = constraint_table(report, c)
+        lines += ["", "## " + titles[c.mode].format(r=c.ratio), ""]
+        lines += [_md_row(["method", *workloads]), _md_row(["---"] * (len(workloads) + 1))]
+        lines += [_md_row(cells) for cells in table]
+    failures = [r for r in report.rows() if not r.satisfied]
+    if failures:
+        lines += ["", "## FAILURE reasons", ""]
+        lines += [f"- {r.workload} / {r.method} / {r.constraint}: {r.reason}" for r in failures]
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
