@@ -346,7 +346,7 @@ class BudgetRun:
             return
         if self.t.is_output[s]:
             return
-        if self._fixed(s):
+        if self.fixed(s):
             # Children that may be recomputed later would need `s`, which cannot be: keep it
             # while one of them is evicted; otherwise they can no longer be evicted either.
             needy = self._needy_children(s)
@@ -355,17 +355,18 @@ class BudgetRun:
             self.blocked[needy] = True
         self._drop(s)
         for p in self.t.parents[s]:
-            if self.live[p] and self._fixed(p):
+            if self.live[p] and self.fixed(p):
                 self._free_if_dead(p)
 
-    def _fixed(self, s: int) -> bool:
+    def fixed(self, s: int) -> bool:
+        """`s` cannot be recomputed (any more)."""
         return not self.t.evictable[s] or bool(self.blocked[s])
 
     def _needy_children(self, s: int) -> list[int]:
         return [
             c
             for c in self.t.children[s]
-            if (self.remaining[c] or self.pins[c]) and not self._fixed(c)
+            if (self.remaining[c] or self.pins[c]) and not self.fixed(c)
         ]
 
     def _drop(self, s: int) -> None:
