@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -242,7 +243,7 @@ def partition(joint: JointCapture, spec: PartitionSpec) -> Partitioned:
     if spec.partitioner is Partitioner.DEFAULT:
         fw, bw = default_partition(module, [], **kw)
     else:
-        if spec.save_random:
+        if spec.save_random and spec.budget < 1.0:  # plain min-cut bans random ops itself
             _must_save_random(module)
         with torch._functorch.config.patch(activation_memory_budget=spec.torch_budget):
             fw, bw = min_cut_rematerialization_partition(module, [], **kw)
@@ -267,10 +268,34 @@ def _random_ops(gm: fx.GraphModule) -> list[str]:
 
 def _must_save_random(module: fx.GraphModule) -> None:
     """Mark every random op MUST_SAVE, so the budget's knapsack cannot trade it back into
-    recomputation (the fix proposed upstream in pytorch/pytorch#190759)."""
-    for node in module.graph.nodes:
+    recomputation (the fix proposed upstream in pytorch/pytorch#190759).
+
+    Dropout's output is then re-expressed from its saved boolean mask, `x * mask * scale`
+    (bitwise what native_dropout computes in float32/64; one extra bfloat16 rounding), so the
+    partitioner may save the 1-byte mask and recompute the output, as it would recompute it
+    from a replayed RNG state, rather than keep the whole output alive.
+    """
+    for node in list(module.graph.nodes):
         if _is_random(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        if node.target is aten.native_dropout.default:
+            _dropout_from_mask(module.graph, node)
+
+
+def _dropout_from_mask(graph: fx.Graph, node: fx.Node) -> None:
+    outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+    if 0 not in outs or 1 not in outs:
+        return
+    x, p = node.args[0], node.args[1]
+    with graph.inserting_after(max(outs.values(), key=_position)):
+        masked = _call(graph, aten.mul.Tensor, (x, outs[1]))
+    with graph.inserting_after(masked):
+        out = _call(graph, aten.mul.Tensor, (masked, 1.0 / (1.0 - p)))
+    outs[0].replace_all_uses_with(out)
+
+
+def _position(node: fx.Node) -> int:
+    return next(i for i, n in enumerate(node.graph.nodes) if n is node)
 
 
 # --- one program: forward, tangent, backward, update -----------------------------------------
@@ -314,7 +339,7 @@ def _inline(graph: fx.Graph, root: torch.nn.Module, gm: fx.GraphModule, args, pr
 def _call(graph: fx.Graph, target, args: tuple, kwargs=None, name: str | None = None) -> fx.Node:
     """A call node whose meta value is computed under the fake mode of its arguments."""
     node = graph.create_node("call_function", target, args, kwargs or {}, name=name)
-    vals = [a.meta["val"] for a in args]
+    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
     mode = detect_fake_mode(vals) or FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
         node.meta["val"] = target(*vals, **(kwargs or {}))
