@@ -87,6 +87,7 @@ class PartitionSpec:
     partitioner: Partitioner = Partitioner.MIN_CUT
     budget: float = 1.0
     save_random: bool = True  # keep random ops out of recomputation (see `partition`)
+    label: str | None = None  # the method name its points carry (a sweep names them all alike)
 
     @property
     def torch_budget(self) -> float:
@@ -99,6 +100,8 @@ class PartitionSpec:
 
     @property
     def method(self) -> str:
+        if self.label is not None:
+            return self.label
         if self.partitioner is Partitioner.DEFAULT:
             return "default-partition"
         return "min-cut" if self.budget == 1.0 else "min-cut-budget"
@@ -457,10 +460,13 @@ def partition_point(joint: JointCapture, spec: PartitionSpec, cost: CostModel) -
     return point(spec.method, graph, graph.program_order(), cost, **params)
 
 
-def specs(budgets: Iterable[float], include_default: bool = False) -> list[PartitionSpec]:
-    """The default partition (if asked), then min-cut at each budget, in the order given."""
+def specs(
+    budgets: Iterable[float], include_default: bool = False, label: str | None = None
+) -> list[PartitionSpec]:
+    """The default partition (if asked), then min-cut at each budget, in the order given;
+    `label` names the min-cut points (default: "min-cut" at 1.0, "min-cut-budget" below)."""
     out = [PartitionSpec(Partitioner.DEFAULT)] if include_default else []
-    return out + [PartitionSpec(Partitioner.MIN_CUT, float(b)) for b in budgets]
+    return out + [PartitionSpec(Partitioner.MIN_CUT, float(b), label=label) for b in budgets]
 
 
 def mincut_points(
@@ -468,12 +474,14 @@ def mincut_points(
     cost: CostModel,
     budgets: Iterable[float] = DEFAULT_BUDGETS,
     include_default: bool = False,
+    label: str | None = None,
 ) -> Iterator[Outcome]:
-    """One point per budget (1.0 is plain min-cut) for `workload`, lazily.
+    """One point per budget (1.0 is plain min-cut) for `workload`, lazily; with
+    `include_default`, the default partition first. `label`: see `specs`.
 
     If AOTAutograd cannot trace the workload, yields one Failure per setting.
     """
-    wanted = specs(budgets, include_default)
+    wanted = specs(budgets, include_default, label)
     try:
         joint = trace_workload(workload).joint
     except MagisError as exc:
@@ -498,7 +506,7 @@ def min_cut_baseline(workload: str, budgets: Sequence[float] | None = None) -> B
     name = "min-cut" if budgets is None else "min-cut-budget"
 
     def points(_graph: Graph, cost: CostModel) -> Iterator[Outcome]:
-        return mincut_points(workload, cost, chosen)
+        return mincut_points(workload, cost, chosen, label=name)
 
     return Baseline(name, f"PyTorch min-cut partitioner on {workload}", points)
 
