@@ -419,7 +419,7 @@ def magis_rows(
         result = search(ctx, c, options.time_budget)
         steps.finish()
         records += [(i.memory, i.latency, c.label) for i in result.improvements]
-        emit([magis_row(ctx, c, result)] if c in CONSTRAINTS else [])
+        emit([magis_row(ctx, c, result, options.time_budget)] if c in CONSTRAINTS else [])
         if result.interrupted:
             raise KeyboardInterrupt
     emit(
@@ -432,7 +432,7 @@ def search(ctx: Context, c: Constraint, time_budget: float, **knobs: Any) -> Sea
     return optimize_graph(ctx.graph, ctx.cost, c.objective(ctx.base), time_budget, **knobs)
 
 
-def magis_row(ctx: Context, c: Constraint, result: SearchResult) -> Row:
+def magis_row(ctx: Context, c: Constraint, result: SearchResult, time_budget: float) -> Row:
     best = result.best
     reason = ""
     if not result.satisfied:
@@ -441,7 +441,8 @@ def magis_row(ctx: Context, c: Constraint, result: SearchResult) -> Row:
             f" latency {best.latency / ctx.base.latency_s:.3f} of the program order"
         )
     params = {
-        "time_budget_s": round(result.seconds, 2),
+        "time_budget_s": time_budget,
+        "seconds": round(result.seconds, 2),
         "states_explored": result.stats.states_explored,
         "rules": dict(result.stats.rules_applied),
     }

@@ -55,7 +55,7 @@ def compare_figures(report: CompareReport, out: Path) -> list[Path]:
         _pareto(rows, workloads, methods, colours, out / FIG11),
     ]
     if any(r.constraint == MICROBATCH for r in rows):
-        written.append(_microbatch(rows, methods, colours, out / FIG12))
+        written.append(_microbatch(rows, out / FIG12))
     return written
 
 
@@ -139,7 +139,7 @@ def _pareto(rows, workloads, methods, colours, path: Path) -> Path:
     from magis.bench.compare import PARETO
 
     ncols = min(4, max(len(workloads), 1))
-    fig = _figure(4.0 * ncols, 3.4 * math.ceil(max(len(workloads), 1) / ncols) + 0.6)
+    fig = _figure(max(4.0 * ncols, 8.0), 3.4 * math.ceil(max(len(workloads), 1) / ncols) + 0.8)
     axes = _grid(fig, len(workloads))
     for ax, w in zip(axes, workloads, strict=False):
         for m in methods:
@@ -161,12 +161,12 @@ def _pareto(rows, workloads, methods, colours, path: Path) -> Path:
     return path
 
 
-def _microbatch(rows, methods, colours, path: Path) -> Path:
+def _microbatch(rows, path: Path) -> Path:
     """Fig. 12: POFO, POFO on micro-batched graphs, and MAGIS's front, per workload."""
     from magis.bench.compare import MAGIS, MICROBATCH, PARETO
 
     workloads = sorted({r.workload for r in rows if r.constraint == MICROBATCH})
-    fig = _figure(5.0 * len(workloads), 4.0)
+    fig = _figure(max(5.0 * len(workloads), 8.0), 4.0)
     axes = _grid(fig, len(workloads), ncols=len(workloads))
     for ax, w in zip(axes, workloads, strict=False):
         series: dict[str, list[tuple[float, float]]] = {}
@@ -175,9 +175,10 @@ def _microbatch(rows, methods, colours, path: Path) -> Path:
                 continue
             if r.constraint == MICROBATCH or (r.constraint == PARETO and r.method == MAGIS):
                 series.setdefault(r.method, []).append((r.memory_ratio, r.latency_ratio))
-        for name, pts in series.items():
+        own = _colours(sorted(series))  # pofo, pofo xN, magis: one colour each
+        for name, pts in sorted(series.items()):
             xs, ys = zip(*sorted(pts), strict=True)
-            ax.plot(xs, ys, marker="o", ms=3, lw=1.2, label=name, color=colours.get(name))
+            ax.plot(xs, ys, marker="o", ms=3, lw=1.2, label=name, color=own[name])
         failed = sorted(
             {
                 r.method
@@ -214,13 +215,15 @@ def ablation_figure(
     line: the value holds until the next improvement)."""
     settings = sorted({s for curves in panels.values() for s in curves})
     colours = _colours(settings)
-    fig = _figure(4.2 * max(len(panels), 1), 3.6)
+    fig = _figure(max(4.2 * len(panels), 8.0), 4.0)
     axes = _grid(fig, len(panels), ncols=max(len(panels), 1))
     for ax, (label, curves) in zip(axes, panels.items(), strict=False):
         for s, pts in curves.items():
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.step(xs, ys, where="post", lw=1.3, color=colours[s], label=s)
+        if not any(curves.values()):
+            ax.text(0.5, 0.5, "no search met this limit", transform=ax.transAxes, ha="center")
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("search time (s)")
         ax.set_ylabel(ylabels.get(label, ""))
