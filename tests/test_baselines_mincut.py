@@ -96,7 +96,8 @@ def test_lower_budgets_save_less(bert):
     assert all(isinstance(p, BaselinePoint) for p in pts)
     simulated = [saved_bytes_simulated(p) for p in pts]
     torch_says = [p.params["saved_activation_bytes"] for p in pts]
-    for saved in (simulated, torch_says):
+    storages = [p.params["saved_storage_bytes"] for p in pts]
+    for saved in (simulated, torch_says, storages):
         assert all(a >= b for a, b in zip(saved, saved[1:], strict=False)), saved
         assert saved[-1] < 0.6 * saved[0], saved
     # More recomputation, more time.

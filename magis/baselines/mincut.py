@@ -20,6 +20,15 @@ fx graph goes through our importer (`magis.capture.fx_import`), so the simulator
 ops torch would run, in the order it runs them (each value freed after its last use, as the
 generated fx code and the boxed calling convention of AOTAutograd free them).
 
+Random ops: in budget mode torch 2.13 may recompute dropout in the backward, where it draws a
+fresh mask and the gradients silently differ from eager (pytorch/pytorch#190758; budget 0 even
+skips every recompute ban). By default (`PartitionSpec.save_random`) we apply the upstream fix of
+pytorch/pytorch#190759 before partitioning: random ops are MUST_SAVE, dropout's output is
+re-expressed from its boolean mask so only the mask need be saved, and budget 0 runs the same
+knapsack as every other budget at the least positive budget. Any plan that still redraws a used
+random value in the backward is refused (`RandomRecomputeError`, reported as a `Failure`).
+`save_random=False` gives torch's plans as they are (and so, with dropout, that error).
+
 Design choice: `Baseline.points(graph, cost)` receives an already-captured graph, which has lost
 the model that AOTAutograd must trace again. The min-cut baselines are therefore driven by a
 workload: `mincut_points(workload, cost, budgets)` is the entry point, `min_cut_baseline(workload)`
@@ -45,6 +54,7 @@ from functorch.compile import aot_function, default_partition, min_cut_remateria
 from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
 from magis.baselines.base import Baseline, BaselinePoint, Failure, Outcome, point
@@ -148,6 +158,15 @@ class Partitioned:
     def saved_activation_bytes(self) -> int:
         """Bytes of the saved values that are not step inputs (what torch logs as activations)."""
         return sum(_nbytes(n.meta["val"]) for n in self.saved_nodes() if n.name not in self._inputs)
+
+    def saved_storage_bytes(self) -> int:
+        """The same, counting each storage once (torch's sum counts a view beside its base)."""
+        storages = {}
+        for n in self.saved_nodes():
+            if n.name not in self._inputs and isinstance(n.meta["val"], torch.Tensor):
+                storage = n.meta["val"].untyped_storage()
+                storages[StorageWeakRef(storage)] = storage.nbytes()
+        return sum(storages.values())
 
     @property
     def _inputs(self) -> set[str]:
@@ -456,7 +475,11 @@ def partition_point(joint: JointCapture, spec: PartitionSpec, cost: CostModel) -
         return Failure(spec.method, str(exc), spec.params())
     except Exception as exc:  # noqa: BLE001 - the partitioner raises many types
         return Failure(spec.method, f"partition failed: {_first_line(exc)}", spec.params())
-    params = {**spec.params(), "saved_activation_bytes": part.saved_activation_bytes()}
+    params = {
+        **spec.params(),
+        "saved_activation_bytes": part.saved_activation_bytes(),
+        "saved_storage_bytes": part.saved_storage_bytes(),
+    }
     return point(spec.method, graph, graph.program_order(), cost, **params)
 
 
