@@ -213,6 +213,11 @@ def pofo_points(
     costs = block_costs(chain, cost)
     base_peak = simulate(graph, graph.program_order(), cost).peak_bytes
     built: dict[tuple[Segment, ...], BaselinePoint] = {}
+    # keeping every block is the program order: it needs no DP where the budget allows it
+    built_keep = (Segment(0, chain.n_blocks, Mode.KEEP),)
+    if any(r >= 1.0 for r in opts.budgets):
+        g, order = build_plan(chain, built_keep, cost)
+        built[built_keep] = point("pofo", g, order, cost, **_describe(built_keep))
     for ratio in opts.budgets:
         yield _budget_point(chain, costs, cost, ratio, ratio * base_peak, opts, built)
 
@@ -227,6 +232,9 @@ def _budget_point(
     built: dict[tuple[Segment, ...], BaselinePoint],
 ) -> Outcome:
     """The DP's plan for `limit` bytes, re-solved with less while its simulation overshoots."""
+    keep_all = built.get((Segment(0, chain.n_blocks, Mode.KEEP),))
+    if keep_all is not None and keep_all.memory <= limit:
+        return dataclasses.replace(keep_all, params={**keep_all.params, "budget": ratio})
     target = limit
     for attempt in range(opts.retries + 1):
         segments = solve(costs, target, opts.units)
