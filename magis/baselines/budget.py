@@ -78,7 +78,6 @@ class BudgetTables:
     node_makes: dict[int, tuple[int, ...]]  # storage indices a node allocates
     parents: tuple[tuple[int, ...], ...]  # storages the producer of each storage reads
     children: tuple[tuple[int, ...], ...]  # storages made by readers of each storage
-    blocks: dict[int, tuple[int, ...]]  # in-place writer -> storages it makes unevictable
     stale_reads: dict[int, frozenset[Ref]]  # node -> updated-in-place storages it reads
     resident_bytes: int
     program_ops: int
@@ -97,7 +96,7 @@ class BudgetTables:
         for i, s in enumerate(storages):
             for reader in smap.readers[s]:
                 children[i].extend(node_makes.get(reader, ()))
-        blocks, stale_reads = _in_place_reads(graph, smap, node_makes)
+        stale_reads = _in_place_reads(graph, smap)
         return BudgetTables(
             graph=graph,
             order=order,
@@ -106,14 +105,14 @@ class BudgetTables:
             nbytes=np.array([smap.nbytes[s] for s in storages], dtype=np.int64),
             cost=np.array([times[s.node] for s in storages], dtype=np.float64),
             readers=np.array([len(smap.readers[s]) for s in storages], dtype=np.int64),
-            evictable=_evictable(graph, storages, smap),
+            evictable=_evictable(graph, storages, smap)
+            & _read_before_stale(graph, storages, smap, parents, stale_reads),
             is_output=np.array([s in smap.outputs for s in storages], dtype=bool),
             value_storage=value_storage,
             node_reads=node_reads,
             node_makes=node_makes,
             parents=parents,
             children=tuple(tuple(dict.fromkeys(c)) for c in children),
-            blocks=blocks,
             stale_reads=stale_reads,
             resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
             program_ops=len(graph.ops()),
@@ -148,22 +147,39 @@ def _evictable(graph: Graph, storages: tuple[Ref, ...], smap) -> np.ndarray:
     return ok
 
 
-def _in_place_reads(graph: Graph, smap, node_makes):
-    """(writer -> storages whose producer reads the placeholder it updates, node -> updated
-    placeholder storages it reads)."""
-    written = {
-        smap.base[n.writes_into]: n.id for n in graph.nodes.values() if n.writes_into is not None
-    }
-    blocks: dict[int, list[int]] = {}
+def _in_place_reads(graph: Graph, smap) -> dict[int, frozenset[Ref]]:
+    """node -> the placeholder storages it reads that an op updates in place."""
+    written = {smap.base[n.writes_into] for n in graph.nodes.values() if n.writes_into is not None}
     stale: dict[int, frozenset[Ref]] = {}
     for nid, node in graph.nodes.items():
         hit = frozenset(smap.base[r] for r in node.inputs if smap.base[r] in written)
-        if not hit or node.writes_into is not None:
-            continue
-        stale[nid] = hit
-        for s in hit:
-            blocks.setdefault(written[s], []).extend(node_makes.get(nid, ()))
-    return {w: tuple(v) for w, v in blocks.items()}, stale
+        if hit and node.writes_into is None:
+            stale[nid] = hit
+    return stale
+
+
+def _read_before_stale(graph: Graph, storages, smap, parents, stale_reads) -> np.ndarray:
+    """Storages whose every read comes before any in-place update of a placeholder that they,
+    or anything they are recomputed from, read (SGD updates run inside the backward pass here).
+
+    A recomputation of s runs before a read of s or of a descendant d of s that is itself
+    evictable, so before stale_at(d) <= stale_at(s): it never sees an updated weight.
+    """
+    pos = {nid: i for i, nid in enumerate(graph.program_order())}
+    writer = {
+        smap.base[n.writes_into]: pos[n.id]
+        for n in graph.nodes.values()
+        if n.writes_into is not None
+    }
+    inf = len(pos)
+    stale_at = np.full(len(storages), inf, dtype=np.int64)
+    for i in sorted(range(len(storages)), key=lambda i: pos[storages[i].node]):
+        own = (writer[r] for r in stale_reads.get(storages[i].node, ()))
+        up = (stale_at[p] for p in parents[i])
+        stale_at[i] = min(own, default=inf)
+        stale_at[i] = min(stale_at[i], min(up, default=inf))
+    last = np.array([max((pos[r] for r in smap.readers[s]), default=-1) for s in storages])
+    return last < stale_at
 
 
 class Policy(Protocol):
@@ -337,7 +353,6 @@ class BudgetRun:
             self.remaining[list(reads)] -= 1
         if node.writes_into is not None:
             self.updated.add(t.graph.storages().base[node.writes_into])
-            self.blocked[list(t.blocks.get(nid, ()))] = True
 
     def _free_if_dead(self, s: int) -> None:
         """Free `s` when nothing will read it: no op of the program, no pending recomputation,
@@ -348,9 +363,13 @@ class BudgetRun:
             return
         if self.fixed(s):
             # Children that may be recomputed later would need `s`, which cannot be: keep it
-            # while one of them is evicted; otherwise they can no longer be evicted either.
+            # while one of them is evicted, or while it is smaller than they are (the loss's
+            # 8-byte total_weight heads all of the backward pass); otherwise they can no longer
+            # be evicted either.
             needy = self._needy_children(s)
-            if any(not self.live[c] for c in needy):
+            if needy and (
+                not self.live[needy].all() or self.t.nbytes[s] < self.t.nbytes[needy].sum()
+            ):
                 return
             self.blocked[needy] = True
         self._drop(s)
@@ -363,6 +382,7 @@ class BudgetRun:
         return not self.t.evictable[s] or bool(self.blocked[s])
 
     def _needy_children(self, s: int) -> list[int]:
+        """Children of `s` that a later op may read and that could still be recomputed."""
         return [
             c
             for c in self.t.children[s]
@@ -411,7 +431,10 @@ class BudgetRun:
 
 
 def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.3f} GiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3f} {unit}"
+    return f"{nbytes / 2**10:.3f} KiB"
 
 
 def budget_sweep(
