@@ -24,11 +24,12 @@ METHODS = {
 
 def _deep_mlp_step():
     """Activations dominate (unlike the :tiny zoo, where weights and logits do), with a dropout
-    whose mask must never be redrawn."""
+    whose mask must never be redrawn and batch norms whose running statistics must be updated
+    once."""
     torch.manual_seed(0)
     layers = [nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.2)]
-    for _ in range(16):
-        layers += [nn.Linear(64, 64), nn.Tanh()]
+    for i in range(16):
+        layers += [nn.Linear(64, 64), *([nn.BatchNorm1d(64)] if i % 4 == 0 else []), nn.Tanh()]
     model = nn.Sequential(*layers, nn.Linear(64, 4))
     x, y = torch.randn(1024, 16), torch.randint(0, 4, (1024,))
     loss = lambda out, x, y: nn.functional.cross_entropy(out, y)  # noqa: E731
@@ -88,6 +89,23 @@ def test_half_budget_program_runs_and_fits(method, deep_mlp):
         assert p.sim.peak_bytes < base.peak_bytes
         assert p.sim.latency_s > base.latency_s  # recomputation is not free
         _check_runs(deep_mlp, "deep-mlp", base, p)
+
+
+def test_batch_norm_is_recomputed_without_its_running_statistics(deep_mlp):
+    """Running statistics are step outputs: a second update would fail verification above."""
+    _, (p,) = _points("dtr", deep_mlp, [0.4])
+    clones = [
+        p.graph.node(n)
+        for n in p.graph.ops()
+        if "_remat" in p.graph.node(n).name and "batch_norm" in p.graph.node(n).op
+    ]
+    assert clones and all(c.args[3] is None and c.args[4] is None for c in clones)
+    _check_runs(
+        deep_mlp,
+        "deep-mlp",
+        simulate(deep_mlp.graph, deep_mlp.graph.program_order(), get_cost_model("rtx3090")),
+        p,
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -16,8 +16,12 @@ Memory is counted in storages, not tensors (DESIGN: a view shares its base's sto
 a storage drops every alias of it, and a view read later is re-made (for free) from the
 recomputed base. Never evicted: placeholders (weights, optimizer state, data), graph outputs,
 outputs of random ops (a second draw would differ: fusion-aware-checkpointing §3.4), of ops that
-mutate or write into a placeholder (`magis.rules.remat.recomputable`), and, once a placeholder
-has been updated in place, of ops that read it (recomputing them would read the new value).
+mutate or write into a placeholder (`magis.rules.remat.recomputable`; a training-mode batch
+norm is recomputed without its running statistics: `remat_call`), and storages read after
+an in-place update of a weight they are computed from (our SGD updates run inside the backward
+pass; recomputing them would read the new value). A storage that cannot be recomputed is kept
+past its last read while a storage made from it is evicted, or is smaller than those that could
+be; otherwise, once it is freed, those become unevictable too.
 
 The ops run form an execution trace; `magis.baselines.trace.trace_graph` turns it into the real
 program whose simulation gives a point's figures. The run's own count of live bytes at every step
@@ -35,11 +39,10 @@ from typing import Protocol
 import numpy as np
 
 from magis.baselines.base import Failure, Outcome, point
-from magis.baselines.trace import trace_graph
+from magis.baselines.trace import remat_call, trace_graph
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph, Ref
-from magis.rules.remat import recomputable
 from magis.sim import simulate
 
 DEFAULT_RATIOS = tuple(float(r) for r in np.round(np.linspace(0.05, 1.0, 20), 4))
@@ -71,7 +74,7 @@ class BudgetTables:
     nbytes: np.ndarray
     cost: np.ndarray  # seconds of the op that makes each storage
     readers: np.ndarray  # number of nodes that read each storage (any alias)
-    evictable: np.ndarray  # the rules of the module docstring, except the in-place one
+    evictable: np.ndarray  # the static rules of the module docstring
     is_output: np.ndarray
     value_storage: dict[Ref, int]
     node_reads: dict[int, tuple[int, ...]]  # distinct storage indices a node reads
@@ -127,20 +130,20 @@ def _node_storages(graph: Graph, value_storage: dict[Ref, int]):
         got = (value_storage[r] for r in node.inputs)
         reads[nid] = tuple(dict.fromkeys(i for i in got if i >= 0))
         outs = (Ref(nid, k) for k in range(len(node.outputs)))
-        makes[nid] = tuple(value_storage[r] for r in outs if smap.base[r] == r and r in smap.nbytes)
-        makes[nid] = tuple(i for i in makes[nid] if i >= 0)
+        made = (value_storage[r] for r in outs if smap.base[r] == r and r in smap.nbytes)
+        makes[nid] = tuple(i for i in made if i >= 0)
     return reads, makes
 
 
 def _evictable(graph: Graph, storages: tuple[Ref, ...], smap) -> np.ndarray:
     """A storage may be dropped when its producer can run again without changing anything:
-    recomputable, and none of its outputs is a graph output (a re-run would replace it)."""
+    `remat_call` has a call for it, and none of its outputs is a graph output (a re-run would replace it)."""
     ok = np.zeros(len(storages), dtype=bool)
     for i, s in enumerate(storages):
         node = graph.node(s.node)
         outs = [smap.base[Ref(s.node, k)] for k in range(len(node.outputs))]
         ok[i] = (
-            recomputable(graph, s.node)
+            remat_call(graph, s.node) is not None
             and not any(o in smap.outputs for o in outs)
             and smap.nbytes[s] > 0
         )
@@ -174,10 +177,8 @@ def _read_before_stale(graph: Graph, storages, smap, parents, stale_reads) -> np
     inf = len(pos)
     stale_at = np.full(len(storages), inf, dtype=np.int64)
     for i in sorted(range(len(storages)), key=lambda i: pos[storages[i].node]):
-        own = (writer[r] for r in stale_reads.get(storages[i].node, ()))
-        up = (stale_at[p] for p in parents[i])
-        stale_at[i] = min(own, default=inf)
-        stale_at[i] = min(stale_at[i], min(up, default=inf))
+        own = [writer[r] for r in stale_reads.get(storages[i].node, ())]
+        stale_at[i] = min([*own, *(stale_at[p] for p in parents[i])], default=inf)
     last = np.array([max((pos[r] for r in smap.readers[s]), default=-1) for s in storages])
     return last < stale_at
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from magis.ir import Graph, Ref
 from magis.ir.graph import map_refs
+from magis.rules.remat import recomputable
 
 
 def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
@@ -44,15 +45,37 @@ def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
     return g, order
 
 
+_BATCH_NORM = "aten.native_batch_norm.default"
+
+
+def remat_call(graph: Graph, nid: int) -> tuple[tuple, dict] | None:
+    """(args, kwargs) of a recomputation of `nid`, or None when it cannot be recomputed.
+
+    A training-mode batch norm updates its running statistics in place (so
+    `magis.rules.remat.recomputable` refuses it), but its outputs depend on the batch alone:
+    recomputed without the running statistics, it gives the same outputs and updates nothing.
+    DTR recomputes batch norms too (ResNet is one of its benchmarks).
+    """
+    node = graph.node(nid)
+    if recomputable(graph, nid):
+        return node.args, node.kwargs_dict
+    if node.op == _BATCH_NORM and not node.kwargs and len(node.args) == 8 and node.args[5]:
+        return (*node.args[:3], None, None, *node.args[5:]), {}
+    return None
+
+
 def _moved(latest: dict[int, int]):
     return lambda r: Ref(latest.get(r.node, r.node), r.index)
 
 
 def _clone(g: Graph, graph: Graph, nid: int, latest: dict[int, int], k: int) -> int:
     node = graph.node(nid)
+    call = remat_call(graph, nid)
+    if call is None:
+        raise ValueError(f"the trace recomputes {node.name}, which cannot be recomputed")
     move = _moved(latest)
-    args = map_refs(node.args, move)
-    kwargs = {key: map_refs(v, move) for key, v in node.kwargs}
+    args = map_refs(call[0], move)
+    kwargs = {key: map_refs(v, move) for key, v in call[1].items()}
     return g.add_op(f"{node.name}_remat{k}", node.op, args, kwargs, node.outputs)
 
 
