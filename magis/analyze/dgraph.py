@@ -21,7 +21,7 @@ their first vertex. Everything is computed once per graph version (`Graph.derive
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,26 +31,65 @@ from magis.ir.dims import OpDims, op_dims, placeholder_dims
 from magis.ir.graph import refs_in
 
 
-def node_dims(graph: Graph) -> dict[int, OpDims]:
-    """The dimension rule's answer for every node that has one (cached per graph version)."""
-    return graph.derived("fission.dims", lambda: _compute_dims(graph))
+def node_dims(graph: Graph) -> Mapping[int, OpDims]:
+    """The dimension rule's answer for every node that has one (cached per graph version).
+
+    Computed per node on first access: validating one F-Trans on a fresh graph version (every
+    fission move in the search) needs the dims of S's nodes only, not of the whole graph."""
+    return graph.derived("fission.dims", lambda: LazyDims(graph))
 
 
-def _compute_dims(graph: Graph) -> dict[int, OpDims]:
-    out: dict[int, OpDims] = {}
-    for nid in graph.program_order():
-        node = graph.node(nid)
-        if node.is_placeholder:
-            out[nid] = placeholder_dims(node.outputs[0])
-            continue
-        info = graph.info(nid)
-        if node.writes_into is not None or info.is_random:
-            continue
-        args, kwargs = graph.meta_args(nid)
-        dims = op_dims(node.op, args, kwargs, node.outputs)
-        if dims is not None:
-            out[nid] = dims
-    return out
+class LazyDims(Mapping):
+    """node id -> OpDims, for the nodes that have a dimension rule, each computed when asked."""
+
+    def __init__(self, graph: Graph) -> None:
+        self._graph = graph
+        self._memo: dict[int, OpDims | None] = {}
+        self._all: list[int] | None = None
+
+    def _dims(self, nid: int) -> OpDims | None:
+        if nid not in self._memo:
+            self._memo[nid] = _dims_of(self._graph, nid) if nid in self._graph else None
+        return self._memo[nid]
+
+    def __getitem__(self, nid: int) -> OpDims:
+        d = self._dims(nid)
+        if d is None:
+            raise KeyError(nid)
+        return d
+
+    def __contains__(self, nid: object) -> bool:
+        return isinstance(nid, int) and self._dims(nid) is not None
+
+    def _nodes(self) -> list[int]:
+        if self._all is None:
+            order = self._graph.program_order()
+            self._all = [n for n in order if self._dims(n) is not None]
+        return self._all
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._nodes())
+
+    def __len__(self) -> int:
+        return len(self._nodes())
+
+
+def _dims_of(graph: Graph, nid: int) -> OpDims | None:
+    node = graph.node(nid)
+    if node.is_placeholder:
+        return placeholder_dims(node.outputs[0])
+    if node.writes_into is not None or graph.info(nid).is_random:
+        return None
+    args, kwargs = graph.meta_args(nid)
+    return op_dims(node.op, args, kwargs, node.outputs)
+
+
+def has_vertex(graph: Graph, nid: int, axis: int) -> bool:
+    """Whether <nid, axis> is a D-Graph vertex, without building the D-Graph (see `_vertices`)."""
+    d = node_dims(graph).get(nid)
+    if d is None or not 0 <= axis < len(d.lengths) or d.lengths[axis] < 2:
+        return False
+    return graph.node(nid).is_placeholder or axis in d.splittable
 
 
 def slot_refs(graph: Graph, nid: int) -> list[Ref]:

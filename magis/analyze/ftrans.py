@@ -34,7 +34,7 @@ from math import gcd
 
 import rustworkx as rx
 
-from magis.analyze.dgraph import dgraph, node_dims, slot_refs
+from magis.analyze.dgraph import dgraph, has_vertex, node_dims, slot_refs
 from magis.ir import Graph, Ref
 
 
@@ -103,11 +103,10 @@ def check(graph: Graph, f: FTrans) -> FTransInfo | Rejected:
     if not axis_of:
         return Rejected("S is empty")
     dims = node_dims(graph)
-    dg = dgraph(graph)
     for v, a in f.split:
         if v not in graph or graph.node(v).is_placeholder:
             return Rejected(f"node {v} is not an op of this graph")
-        if dg.vertex(v, a) is None:
+        if not has_vertex(graph, v, a):
             return Rejected(f"{graph.node(v).name} cannot be split along axis {a}")
     slices, inputs, sliced_lengths, reason = _inputs(graph, axis_of)
     if reason:

@@ -158,6 +158,12 @@ class Graph:
         self._order_before_writers(nid)
         return nid
 
+    def order_before_writers(self, nids: Iterable[int]) -> None:
+        """Give each of `nids` the constraint `add_op` gives a new node (see below): for nodes
+        that entered through `restore_node`, which skips it."""
+        for nid in nids:
+            self._order_before_writers(nid)
+
     def _order_before_writers(self, nid: int) -> None:
         """A node reading the old value of a placeholder that is updated in place must run
         before the update (a rewrite that adds such a reader inherits the constraint)."""
@@ -350,6 +356,11 @@ class Graph:
 
     def ops(self) -> list[int]:
         return [n.id for n in self._nodes.values() if not n.is_placeholder]
+
+    @property
+    def next_id(self) -> int:
+        """The id the next added node gets (every id in the graph is below it)."""
+        return self._next_id
 
     def program_order(self) -> list[int]:
         """Nodes in insertion order: the order the captured program ran them."""

@@ -55,6 +55,11 @@ class Rewritten:
     added: frozenset[int]
     changed: frozenset[int] = frozenset()
     removed: frozenset[int] = frozenset()
+    # Where the added nodes belong when the rule knows it: right before this node of the old
+    # schedule, in id order (ids grow in creation order, which is topological). Re-
+    # materialization and swapping know it (the first late reader); the scheduler may use the
+    # hint instead of re-solving (search/optimizer.py says when).
+    anchor: int | None = None
 
     @property
     def touched(self) -> frozenset[int]:

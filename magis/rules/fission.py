@@ -76,7 +76,11 @@ class GraphRebuilder:
         self.new = Graph(old.registry)
         self.env: dict[Ref, Ref] = {}
         self.ids: dict[int, list[int]] = {}
-        self._next = 0  # ids of the new graph, assigned in call order
+        # Copies keep their node's id (and, when none of their inputs moved, the very Node:
+        # no remapping): a split touches a few hundred nodes of thousands, and rebuilding the
+        # rest cost more than the split. Created nodes get fresh ids, in call order.
+        self._next = old.next_id
+        self.created: list[int] = []  # nodes that are not a plain copy of an old node
 
     def mapped(self, value):
         """`value` with every Ref replaced by its new Ref."""
@@ -90,11 +94,14 @@ class GraphRebuilder:
 
     def copy(self, nid: int) -> int:
         node = self.old.node(nid)
-        if node.is_placeholder:
-            new = self.new.add_placeholder(node.name, node.outputs[0], node.placeholder_kind)
-            self._next = new + 1
+        env = self.env
+        if node.is_placeholder or all(env[r] == r for r in node.inputs) and (
+            node.writes_into is None or env[node.writes_into] == node.writes_into
+        ):
+            new = self.new.restore_node(node)
         else:
-            new = self.add_op(
+            new = self._add_node(
+                node.id,
                 node.name,
                 node.op,
                 self.mapped(node.args),
@@ -117,10 +124,25 @@ class GraphRebuilder:
         """`Graph.add_op` without its per-call ordering of readers before in-place writers,
         which scans the graph each time (quadratic on 100k-node splits); `finish` orders them
         all at once. Nodes enter through `Graph.restore_node`, ids in call order."""
+        nid = self._add_node(self._next, name, op, args, kwargs, outputs, writes_into)
+        self._next += 1
+        self.created.append(nid)
+        return nid
+
+    def _add_node(
+        self,
+        nid: int,
+        name: str,
+        op: str,
+        args: tuple,
+        kwargs: dict | None,
+        outputs: tuple[TensorMeta, ...],
+        writes_into: Ref | None = None,
+    ) -> int:
         kw = tuple(sorted((kwargs or {}).items()))
         inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
         node = Node(
-            id=self._next,
+            id=nid,
             name=name,
             op=op,
             kind=NodeKind.OP,
@@ -130,7 +152,6 @@ class GraphRebuilder:
             writes_into=writes_into,
             inputs=inputs,
         )
-        self._next += 1
         return self.new.restore_node(node)
 
     def bind(self, nid: int, new_ids: list[int]) -> None:
@@ -144,9 +165,9 @@ class GraphRebuilder:
 
     def finish(self) -> Graph:
         """Outputs remapped, control dependencies carried to every copy, in-place writes ordered
-        after every new reader (a merge may read what an update overwrites)."""
-        from magis.capture.fx_import import order_writes_after_readers
-
+        after every new reader (a merge may read what an update overwrites). Copies inherit
+        their original's constraints, so only the created nodes are examined: a whole-graph
+        pass per split would cost more than the split."""
         g = self.new
         g.set_outputs([self.env[r] for r in self.old.outputs])
         for after in self.old.nodes:
@@ -154,7 +175,7 @@ class GraphRebuilder:
                 for b in self.ids.get(before, []):
                     for a in self.ids.get(after, []):
                         g.add_control_dep(b, a)
-        order_writes_after_readers(g)
+        g.order_before_writers(self.created)
         g.verify()
         return g
 
@@ -384,39 +405,82 @@ class Materialized:
     graph: Graph
     ids: dict[int, list[int]]  # original node -> its copies in `graph`
     applied: tuple[int, ...]  # F-Tree node indices, in the order applied
+    applied_n: tuple[int, ...] = ()  # their fission numbers
 
     @property
     def order(self) -> list[int]:
         return self.graph.program_order()
 
 
-def materialize(graph: Graph, tree: FTree, order: Sequence[int] | None = None) -> Materialized:
-    """Apply the enabled nodes of `tree` (parents first; a child once per part of its parent)."""
-    current = graph
-    if order is not None and list(order) != graph.program_order():
-        current = _reordered(graph, order)
-    ids: dict[int, list[int]] = {v: [v] for v in graph.nodes}
-    if order is not None and current is not graph:
-        ids = {v: [i] for v, i in zip(order, current.program_order(), strict=True)}
-    applied = []
+def materialize(
+    graph: Graph,
+    tree: FTree,
+    order: Sequence[int] | None = None,
+    reuse: Materialized | None = None,
+) -> Materialized:
+    """Apply the enabled nodes of `tree` (parents first; a child once per part of its parent).
+
+    `reuse`, a materialization of the same base graph for another tree, is continued from when
+    every node it applied is still enabled with the same n and none of the tree's other
+    enabled nodes is an ancestor of one of them: then only the new nodes are applied. The
+    search's F-Tree moves mostly enable one more node, so this turns k splits into one."""
+    start = _reusable(tree, reuse)
+    if start is not None:
+        current, ids = start.graph, start.ids
+        applied, applied_n = list(start.applied), list(start.applied_n)
+    else:
+        current, ids = _ordered_base(graph, order)
+        applied, applied_n = [], []
+    done = set(applied)
     for t in tree.preorder():
         node = tree.nodes[t]
-        if not node.enabled:
+        if not node.enabled or t in done:
             continue
-        copies = [ids[v] for v, _ in node.ftrans.split]
-        for j in range(len(copies[0])):
-            split = tuple(
-                sorted((c[j], a) for c, (_, a) in zip(copies, node.ftrans.split, strict=True))
-            )
-            info = check(current, FTrans(split, node.n))
-            if isinstance(info, Rejected):
-                raise FissionError(f"F-Tree node {t} cannot be applied: {info.reason}")
-            res = split_graph(current, info)
-            current = res.graph
-            ids = {v: [x for old in olds for x in res.ids[old]] for v, olds in ids.items()}
-            copies = [[res.ids[x][0] if len(res.ids[x]) == 1 else x for x in c] for c in copies]
+        current, ids = _apply_node(current, ids, t, node)
         applied.append(t)
-    return Materialized(current, ids, tuple(applied))
+        applied_n.append(node.n)
+    return Materialized(current, ids, tuple(applied), tuple(applied_n))
+
+
+def _single(new_ids: list[int] | None, old: int) -> int:
+    return new_ids[0] if new_ids is not None and len(new_ids) == 1 else old
+
+
+def _reusable(tree: FTree, reuse: Materialized | None) -> Materialized | None:
+    if reuse is None or not reuse.applied_n:
+        return None
+    if any(tree.nodes[t].n != n for t, n in zip(reuse.applied, reuse.applied_n, strict=True)):
+        return None
+    kept = set(reuse.applied)
+    for t in tree.enabled():
+        if t not in kept and any(a in kept for a in tree.descendants(t)):
+            return None
+    return reuse
+
+
+def _ordered_base(graph: Graph, order: Sequence[int] | None) -> tuple[Graph, dict]:
+    if order is None or list(order) == graph.program_order():
+        return graph, {v: [v] for v in graph.nodes}
+    current = _reordered(graph, order)
+    return current, {v: [i] for v, i in zip(order, current.program_order(), strict=True)}
+
+
+def _apply_node(current: Graph, ids: dict, t: int, node) -> tuple[Graph, dict]:
+    """Split every copy of tree-node `t`'s sub-graph (one per part of an enabled ancestor)."""
+    copies = [ids[v] for v, _ in node.ftrans.split]
+    for j in range(len(copies[0])):
+        split = tuple(
+            sorted((c[j], a) for c, (_, a) in zip(copies, node.ftrans.split, strict=True))
+        )
+        info = check(current, FTrans(split, node.n))
+        if isinstance(info, Rejected):
+            raise FissionError(f"F-Tree node {t} cannot be applied: {info.reason}")
+        res = split_graph(current, info)
+        current = res.graph
+        ids = {v: [x for old in olds for x in res.ids[old]] for v, olds in ids.items()}
+        # copies already split (parts < j) are stale from here on and never read again
+        copies = [[_single(res.ids.get(x), x) for x in c] for c in copies]
+    return current, ids
 
 
 def _reordered(graph: Graph, order: Sequence[int]) -> Graph:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, candidates
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, SWAP
 from magis.rules.taso import TASO_RULES
@@ -33,6 +33,7 @@ from magis.search.state import MState, Objective
 from magis.sim import SimResult, simulate
 
 DELTA = 1.1  # Alg. 3's relaxation coefficient
+EXPANSION_WIDTH = 8  # children evaluated per pop before the state goes back (partial expansion)
 
 
 class MemoryFigure(enum.Enum):
@@ -154,25 +155,39 @@ def optimize_graph(
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
     tie = itertools.count()
-    queue = [(objective.key(init), next(tie), init)]
+    queue: list = [(objective.key(init), next(tie), init, None)]
     seen = {init.hash.value}
+    seen_trees: set = set()
     interrupted = False
+
+    def out_of_time() -> bool:
+        if max_states is not None and stats.states_explored >= max_states:
+            return True
+        return time.perf_counter() - start >= time_budget
+
     try:
-        while queue and time.perf_counter() - start < time_budget:
-            if max_states is not None and stats.states_explored >= max_states:
-                break
-            _, _, state = heapq.heappop(queue)
-            ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, hotspots_only)
-            for name, make_child in _moves(state, rules, ctx, cost, seen, timer):
-                if time.perf_counter() - start >= time_budget:
+        while queue and not out_of_time():
+            key, _, state, moves = heapq.heappop(queue)
+            if moves is None:
+                ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, hotspots_only)
+                moves = _moves(state, rules, ctx, cost, seen, seen_trees, timer)
+            # Partial expansion: a few children at a time, and the state goes back into the
+            # queue with the rest of its moves. A child better than the best is popped next, so
+            # the search follows an improving line at once instead of first evaluating every
+            # sibling; no move is dropped (Alg. 3 still sees them all in time).
+            improved, evaluated = False, 0
+            for name, make_child in moves:
+                if out_of_time():
                     break
                 child = make_child()
                 if child is None:
                     continue
+                evaluated += 1
                 stats.states_explored += 1
                 stats.rules_applied[name] += 1
                 if objective.better(child, best):
                     best = child
+                    improved = True
                     imp = Improvement(
                         time.perf_counter() - start, child.memory, child.latency, name
                     )
@@ -180,36 +195,105 @@ def optimize_graph(
                     if on_improvement is not None:
                         on_improvement(imp)
                 if objective.worth_pushing(child, best, delta):
-                    heapq.heappush(queue, (objective.key(child), next(tie), child))
+                    heapq.heappush(queue, (objective.key(child), next(tie), child, None))
+                if improved or evaluated >= EXPANSION_WIDTH:
+                    heapq.heappush(queue, (key, next(tie), state, moves))
+                    break
     except KeyboardInterrupt:
         interrupted = True
+    polished = _polish(best, cost, timer)
+    if objective.better(polished, best):
+        best = polished
+        improvements.append(
+            Improvement(time.perf_counter() - start, best.memory, best.latency, "reschedule")
+        )
     return SearchResult(
         init, best, objective, stats, tuple(improvements), time.perf_counter() - start, interrupted
     )
 
 
-def _moves(state: MState, rules, ctx: RuleContext, cost: CostModel, seen: set[int], timer: _Timer):
-    """(rule name, lazy child) pairs: F-Tree mutations first while the lineage allows them."""
+def _polish(state: MState, cost: CostModel, timer: _Timer) -> MState:
+    """The best state's graph re-ordered by the DP scheduler (then Store/Load timing): during
+    the search, re-materialization and swapping place their nodes where the rule says
+    (`Rewritten.anchor`), and the winner gets one full re-ordering at the end."""
+    try:
+        order = timer.run("schedule", _full_schedule, state.graph, cost)
+    except MagisError:
+        return state
+    sim = timer.run("simulate", measure_state, state.graph, order, cost, timer.figure)
+    return replace(state, order=tuple(order), sim=sim)
+
+
+def _full_schedule(graph: Graph, cost: CostModel) -> list[int]:
+    order = list(schedule(graph, "dp").order)
+    if any(graph.info(n).copy_stream for n in graph.ops()):
+        order = time_swaps(graph, order, cost)
+    return order
+
+
+def _moves(
+    state: MState, rules, ctx: RuleContext, cost: CostModel, seen, seen_trees, timer: _Timer
+):
+    """(rule name, lazy child) pairs: F-Tree mutations (while the lineage allows them), then
+    every rule's rewrites taken in turn, so the first moves tried cover every kind."""
+    streams = []
     if state.ftree is not None:
-        for description, build_tree in fission_moves.moves(state.ftree):
-            name = "fission:" + description.split()[0]
-            yield (
-                name,
-                lambda b=build_tree, n=name: _evaluate_fission(state, b, n, cost, seen, timer),
+        streams.append(
+            (
+                "fission:" + description.split()[0],
+                lambda b=build_tree, d=description: _evaluate_fission(
+                    state, b, "fission:" + d.split()[0], cost, seen, seen_trees, timer
+                ),
             )
-    for rewrite in candidates(rules, ctx):
-        yield rewrite.rule, lambda r=rewrite: _evaluate(state, r, cost, seen, timer)
+            for description, build_tree in fission_moves.moves(state.ftree)
+        )
+    others = [
+        ((rw.rule, lambda r=rw: _evaluate(state, r, cost, seen, timer)) for rw in rule.match(ctx))
+        for rule in rules
+    ]
+    # F-Tree mutations go first: fission is where the large reductions are (§7.2), and any
+    # other rule ends the lineage's fission moves.
+    return itertools.chain(*streams, _round_robin(others))
+
+
+def _round_robin(streams):
+    active = [iter(s) for s in streams]
+    while active:
+        for it in list(active):
+            item = next(it, None)
+            if item is None:
+                active.remove(it)
+            else:
+                yield item
 
 
 def _evaluate_fission(
-    state: MState, build_tree, name: str, cost: CostModel, seen: set[int], timer: _Timer
+    state: MState,
+    build_tree,
+    name: str,
+    cost: CostModel,
+    seen: set[int],
+    seen_trees: set,
+    timer: _Timer,
 ):
     """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
-    hierarchical schedule (each enabled region's parts one after the other)."""
+    hierarchical schedule (each enabled region's parts one after the other). Trees already
+    materialized (the same enabled nodes with the same n, reached by another path) are skipped
+    before the expensive materialization."""
     tree = timer.run("transform", build_tree)
+    tree_key = tuple((i, x.ftrans) for i, x in enumerate(tree.nodes) if x.enabled)
+    if tree_key in seen_trees:
+        timer.stats.duplicates += 1
+        return None
+    seen_trees.add(tree_key)
     try:
         done = timer.run(
-            "transform", fission_moves.apply, state.fission_base, state.fission_base_order, tree
+            "transform",
+            fission_moves.apply,
+            state.fission_base,
+            state.fission_base_order,
+            tree,
+            state.materialized,
         )
     except MagisError:
         return None
@@ -228,6 +312,7 @@ def _evaluate_fission(
         history=(*state.history, name),
         frozen=done.frozen,
         ftree=tree,
+        materialized=done.materialized,
     )
 
 
@@ -255,14 +340,34 @@ def _evaluate(
 
 
 def _reschedule(state: MState, result: Rewritten, cost: CostModel) -> list[int]:
-    """Alg. 2 around the old nodes the rewrite touched, then Store/Load timing."""
+    """Alg. 2 around the old nodes the rewrite touched, then Store/Load timing. A rewrite that
+    knows where its nodes belong (re-materialization and swapping: right before the first late
+    reader) is placed there instead: Alg. 2 would cost a sub-problem rebuild per state for an
+    answer the rule already has; the final best is re-ordered in full (`_polish`)."""
     old = state.graph
     touched_old = set(result.changed) | set(result.removed)
     for n in result.added:
         touched_old.update(p for p in result.graph.predecessors(n) if p in old)
         touched_old.update(s for s in result.graph.successors(n) if s in old)
     touched_old = {n for n in touched_old if n in old}
-    order = list(incremental_schedule(old, state.order, result.graph, touched_old).order)
+    order = _place_at_anchor(state.order, result) if result.anchor is not None else None
+    if order is None:
+        order = list(incremental_schedule(old, state.order, result.graph, touched_old).order)
     if any(result.graph.info(n).copy_stream for n in result.graph.ops()):
         order = time_swaps(result.graph, order, cost)
+    return order
+
+
+def _place_at_anchor(old_order, result: Rewritten) -> list[int] | None:
+    """The old order with the added nodes right before the anchor, or None when that is not a
+    valid order: a recomputed op that reads a weight must run before the weight's in-place
+    update, which the old order may run earlier (then Alg. 2 re-orders)."""
+    order = [n for n in old_order if n not in result.removed]
+    at = order.index(result.anchor)
+    added = sorted(result.added)
+    graph = result.graph
+    late = set(order[at:]) | set(added)
+    if any(s not in late for a in added for s in graph.successors(a)):
+        return None
+    order[at:at] = added
     return order

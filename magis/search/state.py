@@ -31,6 +31,7 @@ class MState:
     ftree: object | None = field(default=None, repr=False)
     fission_base: Graph | None = field(default=None, repr=False)
     fission_base_order: tuple[int, ...] | None = field(default=None, repr=False)
+    materialized: object | None = field(default=None, repr=False)  # how `graph` was made
 
     @property
     def memory(self) -> int:
