@@ -56,3 +56,36 @@ def test_fission_moves_alone_find_a_plan_that_verifies():
     assert verify(step, program, inputs).verified
     measured = measure(program, step.program_inputs(inputs), repeats=1, warmup=0)
     assert abs(measured.peak_bytes - best.memory) <= 0.05 * measured.peak_bytes
+
+
+def test_continued_fission_materialization_hashes_like_a_fresh_one():
+    """An F-Tree move continued from the parent's materialization is hashed incrementally; the
+    hash must equal the full Weisfeiler-Lehman hash of the same graph, and the graph must be the
+    one a fresh materialization gives (same hash)."""
+    from magis.errors import MagisError
+    from magis.search import fission_moves
+    from magis.search.hashing import wl_hash, wl_hash_incremental
+
+    _, step = workload_step("bert-base:tiny")
+    base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    _, build = next(iter(fission_moves.moves(tree)))
+    parent_tree = build()
+    parent = fission_moves.apply(base, base_order, parent_tree)
+    parent_hash = wl_hash(parent.graph)
+    continued = 0
+    for _, build in fission_moves.moves(parent_tree):
+        child_tree = build()
+        try:
+            done = fission_moves.apply(base, base_order, child_tree, parent.materialized)
+        except MagisError:
+            continue
+        mat = done.materialized
+        full = wl_hash(done.graph).value
+        assert full == wl_hash(fission_moves.apply(base, base_order, child_tree).graph).value
+        if mat.continued:
+            continued += 1
+            inc = wl_hash_incremental(
+                parent_hash, parent.graph, done.graph, mat.touched, mat.removed
+            )
+            assert inc.value == full
+    assert continued >= 3

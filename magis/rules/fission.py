@@ -81,6 +81,7 @@ class GraphRebuilder:
         # rest cost more than the split. Created nodes get fresh ids, in call order.
         self._next = old.next_id
         self.created: list[int] = []  # nodes that are not a plain copy of an old node
+        self.remapped: list[int] = []  # copies whose inputs moved (same id, new Node)
 
     def mapped(self, value):
         """`value` with every Ref replaced by its new Ref."""
@@ -95,11 +96,14 @@ class GraphRebuilder:
     def copy(self, nid: int) -> int:
         node = self.old.node(nid)
         env = self.env
-        if node.is_placeholder or all(env[r] == r for r in node.inputs) and (
-            node.writes_into is None or env[node.writes_into] == node.writes_into
+        if (
+            node.is_placeholder
+            or all(env[r] == r for r in node.inputs)
+            and (node.writes_into is None or env[node.writes_into] == node.writes_into)
         ):
             new = self.new.restore_node(node)
         else:
+            self.remapped.append(nid)
             new = self._add_node(
                 node.id,
                 node.name,
@@ -275,6 +279,8 @@ class Split:
 
     graph: Graph
     ids: dict[int, list[int]]  # old node -> new nodes (n copies for S, one for the rest)
+    touched: frozenset[int] = frozenset()  # nodes created or re-wired (incremental hashing)
+    removed: frozenset[int] = frozenset()  # old nodes gone (S's originals)
 
 
 def block_order(graph: Graph, nodes: frozenset[int], order: Sequence[int]) -> list[int]:
@@ -319,7 +325,9 @@ def split_graph(graph: Graph, info: FTransInfo, order: Sequence[int] | None = No
             _emit_parts(rb, graph, info, s_order)
         else:
             rb.copy(item)
-    return Split(rb.finish(), rb.ids)
+    graph_out = rb.finish()
+    removed = frozenset(v for v in graph.nodes if v not in graph_out)
+    return Split(graph_out, rb.ids, frozenset(rb.created) | frozenset(rb.remapped), removed)
 
 
 def _emit_parts(rb: GraphRebuilder, graph: Graph, info: FTransInfo, s_order: list[int]) -> None:
@@ -406,6 +414,10 @@ class Materialized:
     ids: dict[int, list[int]]  # original node -> its copies in `graph`
     applied: tuple[int, ...]  # F-Tree node indices, in the order applied
     applied_n: tuple[int, ...] = ()  # their fission numbers
+    # When `reuse` was continued: what changed relative to its graph (incremental hashing).
+    continued: bool = False
+    touched: frozenset[int] = frozenset()
+    removed: frozenset[int] = frozenset()
 
     @property
     def order(self) -> list[int]:
@@ -432,14 +444,24 @@ def materialize(
         current, ids = _ordered_base(graph, order)
         applied, applied_n = [], []
     done = set(applied)
+    touched: set[int] = set()
+    removed: set[int] = set()
     for t in tree.preorder():
         node = tree.nodes[t]
         if not node.enabled or t in done:
             continue
-        current, ids = _apply_node(current, ids, t, node)
+        current, ids = _apply_node(current, ids, t, node, touched, removed)
         applied.append(t)
         applied_n.append(node.n)
-    return Materialized(current, ids, tuple(applied), tuple(applied_n))
+    return Materialized(
+        current,
+        ids,
+        tuple(applied),
+        tuple(applied_n),
+        start is not None,
+        frozenset(touched),
+        frozenset(removed),
+    )
 
 
 def _single(new_ids: list[int] | None, old: int) -> int:
@@ -465,8 +487,11 @@ def _ordered_base(graph: Graph, order: Sequence[int] | None) -> tuple[Graph, dic
     return current, {v: [i] for v, i in zip(order, current.program_order(), strict=True)}
 
 
-def _apply_node(current: Graph, ids: dict, t: int, node) -> tuple[Graph, dict]:
-    """Split every copy of tree-node `t`'s sub-graph (one per part of an enabled ancestor)."""
+def _apply_node(
+    current: Graph, ids: dict, t: int, node, touched: set[int], removed: set[int]
+) -> tuple[Graph, dict]:
+    """Split every copy of tree-node `t`'s sub-graph (one per part of an enabled ancestor),
+    adding to `touched` and `removed` what changed since the graph materialization began on."""
     copies = [ids[v] for v, _ in node.ftrans.split]
     for j in range(len(copies[0])):
         split = tuple(
@@ -477,6 +502,12 @@ def _apply_node(current: Graph, ids: dict, t: int, node) -> tuple[Graph, dict]:
             raise FissionError(f"F-Tree node {t} cannot be applied: {info.reason}")
         res = split_graph(current, info)
         current = res.graph
+        for v in res.removed:
+            if v in touched:
+                touched.discard(v)
+            else:
+                removed.add(v)
+        touched |= res.touched
         ids = {v: [x for old in olds for x in res.ids[old]] for v, olds in ids.items()}
         # copies already split (parts < j) are stale from here on and never read again
         copies = [[_single(res.ids.get(x), x) for x in c] for c in copies]

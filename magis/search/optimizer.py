@@ -297,7 +297,19 @@ def _evaluate_fission(
         )
     except MagisError:
         return None
-    h = timer.run("hash", wl_hash, done.graph)
+    mat = done.materialized
+    if mat.continued and state.materialized is not None:  # state.graph is what it continued
+        h = timer.run(
+            "hash",
+            wl_hash_incremental,
+            state.hash,
+            state.graph,
+            done.graph,
+            mat.touched,
+            mat.removed,
+        )
+    else:
+        h = timer.run("hash", wl_hash, done.graph)
     if h.value in seen:
         timer.stats.duplicates += 1
         return None
