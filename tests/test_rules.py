@@ -7,6 +7,7 @@ import torch
 from magis.backend import compile_program, measure, verify
 from magis.capture import workload_step
 from magis.cost import get_cost_model
+from magis.ir import Ref
 from magis.rules.base import RuleContext, candidates, place_after_inputs
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, SWAP
@@ -77,3 +78,27 @@ def test_random_ops_are_never_recomputed(bert_tiny):
         res = rw.build()
         for nid in res.added:
             assert not res.graph.info(nid).is_random
+
+
+def test_training_batch_norm_is_recomputed_without_touching_running_stats():
+    """A batch norm's outputs are recomputed with its running statistics left out: the plan
+    verifies (running means included: they are outputs of the step) and the peak falls."""
+    from dataclasses import replace
+
+    from magis.rules.remat import late_reads, recompute
+
+    _, step = workload_step("resnet50:tiny", dtype=torch.float64)
+    cost = get_cost_model("rtx3090")
+    graph = step.graph
+    order = list(graph.program_order())
+    sim = simulate(graph, order, cost)
+    bn = next(n for n in order if graph.node(n).op == "aten.native_batch_norm.default")
+    # as if the peak were right after the batch norm: every later reader is a late one
+    ctx = RuleContext(graph, tuple(order), replace(sim, peak_step=order.index(bn)))
+    reads = late_reads(ctx, Ref(bn, 0))
+    assert reads is not None
+    res = recompute(graph, reads)
+    twin = next(iter(sorted(res.added)))
+    assert res.graph.node(twin).args[3] is None and res.graph.node(twin).args[4] is None
+    new_order = place_after_inputs(res.graph, order, res.added)
+    _check(step, res.graph, new_order)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from magis.ir import Graph, Ref
 from magis.ir.graph import map_refs
-from magis.rules.remat import recomputable
+from magis.rules.remat import recompute_call
 
 
 def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
@@ -45,23 +45,9 @@ def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
     return g, order
 
 
-_BATCH_NORM = "aten.native_batch_norm.default"
-
-
-def remat_call(graph: Graph, nid: int) -> tuple[tuple, dict] | None:
-    """(args, kwargs) of a recomputation of `nid`, or None when it cannot be recomputed.
-
-    A training-mode batch norm updates its running statistics in place (so
-    `magis.rules.remat.recomputable` refuses it), but its outputs depend on the batch alone:
-    recomputed without the running statistics, it gives the same outputs and updates nothing.
-    DTR recomputes batch norms too (ResNet is one of its benchmarks).
-    """
-    node = graph.node(nid)
-    if recomputable(graph, nid):
-        return node.args, node.kwargs_dict
-    if node.op == _BATCH_NORM and not node.kwargs and len(node.args) == 8 and node.args[5]:
-        return (*node.args[:3], None, None, *node.args[5:]), {}
-    return None
+# How a node is recomputed (batch norms without their running statistics) is the rule's
+# business: DTR and XLA recompute exactly what MAGIS's re-materialization would.
+remat_call = recompute_call
 
 
 def _moved(latest: dict[int, int]):

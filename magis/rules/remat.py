@@ -36,6 +36,26 @@ def recomputable(graph: Graph, nid: int) -> bool:
     )
 
 
+_BATCH_NORM = "aten.native_batch_norm.default"
+
+
+def recompute_call(graph: Graph, nid: int) -> tuple[tuple, dict] | None:
+    """(args, kwargs) of a recomputation of `nid`, or None when it cannot be recomputed.
+
+    A training-mode batch norm updates its running statistics in place (so `recomputable`
+    refuses it), but its outputs depend on the batch alone: recomputed without the running
+    statistics it gives the same outputs and updates nothing. Convolution nets are mostly
+    batch norms; without this, nothing between two convolutions could be recomputed. DTR
+    recomputes batch norms too (ResNet is one of its benchmarks).
+    """
+    node = graph.node(nid)
+    if recomputable(graph, nid):
+        return node.args, node.kwargs_dict
+    if node.op == _BATCH_NORM and not node.kwargs and len(node.args) == 8 and node.args[5]:
+        return (*node.args[:3], None, None, *node.args[5:]), {}
+    return None
+
+
 @dataclass(frozen=True)
 class LateReads:
     """A hot storage and the nodes that read it after the peak (through any alias)."""
@@ -101,7 +121,8 @@ def recompute(graph: Graph, reads: LateReads) -> Rewritten:
     producer, placed right before the first of them."""
     g = graph.copy()
     node = g.node(reads.storage.node)
-    twin = g.add_op(f"{node.name}_remat", node.op, node.args, node.kwargs_dict, node.outputs)
+    args, kwargs = recompute_call(graph, node.id)
+    twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
     changed = redirect_late_reads(g, reads, Ref(twin, reads.storage.index))
     added = frozenset(n for n in g.nodes if n not in graph)
     return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
@@ -138,7 +159,7 @@ def hot_late_reads(ctx: RuleContext, eligible) -> Iterator[LateReads]:
 
 def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
     graph = ctx.graph
-    for reads in hot_late_reads(ctx, lambda s: recomputable(graph, s.node)):
+    for reads in hot_late_reads(ctx, lambda s: recompute_call(graph, s.node) is not None):
         yield Rewrite(
             "remat",
             RuleKind.REMAT,
