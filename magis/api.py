@@ -64,6 +64,9 @@ class RunReport:
     hardware: str
     seconds: float
     fission: list[dict] | None = None  # `--fission`: the F-Tree nodes enabled, with their n
+    # Swapped-out bytes at their peak, in the host pool (beside the device figures above).
+    measured_host_peak_bytes: int = 0
+    simulated_host_peak_bytes: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -201,6 +204,8 @@ def run_step(
         simulated_latency_s=sim.latency_s,
         hardware=hardware,
         seconds=time.perf_counter() - start,
+        measured_host_peak_bytes=measured.host_peak_bytes,
+        simulated_host_peak_bytes=sim.host_peak_bytes,
     )
 
 

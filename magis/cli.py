@@ -152,6 +152,12 @@ def _print_run(rep) -> None:
     )
     table.add_row("measured peak", _gib(rep.measured_peak_bytes))
     table.add_row("simulated peak", f"{_gib(rep.simulated_peak_bytes)} ({rep.peak_error:.2%} off)")
+    if rep.measured_host_peak_bytes or rep.simulated_host_peak_bytes:
+        table.add_row(
+            "host pool peak (swapped out)",
+            f"{_gib(rep.measured_host_peak_bytes)} measured, "
+            f"{_gib(rep.simulated_host_peak_bytes)} simulated",
+        )
     table.add_row("measured latency", _ms(rep.latency_s))
     table.add_row(f"simulated latency ({rep.hardware})", _ms(rep.simulated_latency_s))
     console.print(table)

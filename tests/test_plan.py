@@ -133,6 +133,8 @@ def test_cli_optimize_then_run_the_plan(tmp_path):
     assert res.returncode == 0, res.stderr
     ran = json.loads(out.read_text())
     assert ran["verified"] and ran["peak_error"] <= 0.05
+    # the host pool is reported beside the device figure, measured and simulated alike
+    assert ran["measured_host_peak_bytes"] == ran["simulated_host_peak_bytes"]
 
 
 def test_optimizer_can_count_memory_as_the_layout_arena(float64):
