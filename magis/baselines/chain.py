@@ -42,7 +42,7 @@ from magis.cost import CostModel
 from magis.ir import Graph, PlaceholderKind, Ref
 from magis.ir.graph import map_refs
 from magis.ir.ops import LOAD_OP, STORE_OP
-from magis.rules.remat import recomputable as remat_recomputable
+from magis.rules.remat import recompute_call
 from magis.schedule.swaps import time_swaps
 
 
@@ -281,25 +281,10 @@ def find_chain(graph: Graph, options: ChainOptions | None = None) -> Chain:
     return Chain(graph, tuple(forward), backward, aliases, tuple(cuts), crossing)
 
 
-# Ops whose hidden in-place writes go to optional arguments: passing None instead computes the
-# same outputs without the write. A training-mode batch norm recomputed with running_mean and
-# running_var of None normalizes by the batch statistics, as the original did, and leaves the
-# running statistics alone (torch.utils.checkpoint would update them twice).
-_OPTIONAL_WRITES = {"aten.native_batch_norm.default": (3, 4)}
-_BATCH_NORM_TRAINING_ARG = 5
-
-
 def recomputable(graph: Graph, nid: int) -> bool:
-    """`magis.rules.remat.recomputable`, plus the ops of `_OPTIONAL_WRITES` in training mode."""
-    node = graph.node(nid)
-    if node.op in _OPTIONAL_WRITES and node.writes_into is None:
-        return bool(node.args[_BATCH_NORM_TRAINING_ARG]) if len(node.args) > 5 else False
-    return remat_recomputable(graph, nid)
-
-
-def _without_side_effects(op: str, args: tuple) -> tuple:
-    drop = _OPTIONAL_WRITES.get(op, ())
-    return tuple(None if i in drop else a for i, a in enumerate(args))
+    """What re-materialization may recompute (`magis.rules.remat.recompute_call`: training batch
+    norms included, without their running statistics)."""
+    return recompute_call(graph, nid) is not None
 
 
 # --- building a plan --------------------------------------------------------------------------
@@ -350,8 +335,9 @@ class _Builder:
         if nid not in self.clones:
             node = self.chain.graph.node(nid)
             remap = lambda r: self._recomputed(r, segment)  # noqa: E731
-            args = _without_side_effects(node.op, map_refs(node.args, remap))
-            kwargs = {k: map_refs(v, remap) for k, v in node.kwargs}
+            call_args, call_kwargs = recompute_call(self.chain.graph, nid)
+            args = map_refs(call_args, remap)
+            kwargs = {k: map_refs(v, remap) for k, v in call_kwargs.items()}
             twin = self.graph.add_op(f"{node.name}_recompute", node.op, args, kwargs, node.outputs)
             self.clones[nid] = twin
             block = self.chain.block_of[smap.storage_of(ref).node]

@@ -1,10 +1,12 @@
 """The search of MAGIS Alg. 3: coordinated graph transformation and scheduling.
 
-A priority queue of M-States ordered by BetterThan; each popped state is rewritten by every rule
-(lazily: a candidate graph is built only when evaluated), de-duplicated by an incremental
+A priority queue of M-States; each popped state is rewritten by every rule (lazily: a candidate
+graph is built only when evaluated, a few at a time), de-duplicated by an incremental
 Weisfeiler-Lehman hash, rescheduled incrementally (Alg. 2, then Store/Load timing), simulated,
-and pushed back if it is not worse than the best by more than a factor delta (1.1). A time
-budget or Ctrl-C ends the search; the best state so far is always returned, and every
+and pushed back if it is not worse than the best by more than a factor delta (1.1). The best
+state is the best by BetterThan; the queue order weighs what a state saves against what it
+costs (`Objective.priority`), so the limit is not spent on the first large, expensive moves. A
+time budget or Ctrl-C ends the search; the best state so far is always returned, and every
 improvement is recorded (time, memory, latency) for plots.
 """
 
@@ -161,7 +163,7 @@ def optimize_graph(
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
     tie = itertools.count()
-    queue: list = [(objective.key(init), next(tie), init, None)]
+    queue: list = [(objective.priority(init, init), next(tie), init, None)]
     seen = {init.hash.value}
     seen_trees: set = set()
     interrupted = False
@@ -201,7 +203,7 @@ def optimize_graph(
                     if on_improvement is not None:
                         on_improvement(imp)
                 if objective.worth_pushing(child, best, delta):
-                    heapq.heappush(queue, (objective.key(child), next(tie), child, None))
+                    heapq.heappush(queue, (objective.priority(child, init), next(tie), child, None))
                 if improved or evaluated >= EXPANSION_WIDTH:
                     heapq.heappush(queue, (key, next(tie), state, moves))
                     break
@@ -358,34 +360,64 @@ def _evaluate(
 
 
 def _reschedule(state: MState, result: Rewritten, cost: CostModel) -> list[int]:
-    """Alg. 2 around the old nodes the rewrite touched, then Store/Load timing. A rewrite that
-    knows where its nodes belong (re-materialization and swapping: right before the first late
-    reader) is placed there instead: Alg. 2 would cost a sub-problem rebuild per state for an
-    answer the rule already has; the final best is re-ordered in full (`_polish`)."""
-    old = state.graph
-    touched_old = set(result.changed) | set(result.removed)
-    for n in result.added:
-        touched_old.update(p for p in result.graph.predecessors(n) if p in old)
-        touched_old.update(s for s in result.graph.successors(n) if s in old)
-    touched_old = {n for n in touched_old if n in old}
-    order = _place_at_anchor(state.order, result) if result.anchor is not None else None
+    """Alg. 2 around the old nodes the rewrite touched, then Store/Load timing.
+
+    Two kinds of rewrite need no re-solving, and Alg. 2 would cost a sub-problem rebuild per
+    state for an answer already known: one that only removes nodes (the duals: a merged copy's
+    readers read an earlier value, so the old order minus the removed nodes stays valid), and
+    one that knows where its nodes belong (re-materialization and swapping: right before the
+    first late reader). The final best is re-ordered in full (`_polish`)."""
+    order = _order_without_solving(state.order, result)
     if order is None:
+        old = state.graph
+        touched_old = set(result.changed) | set(result.removed)
+        for n in result.added:
+            touched_old.update(p for p in result.graph.predecessors(n) if p in old)
+            touched_old.update(s for s in result.graph.successors(n) if s in old)
+        touched_old = {n for n in touched_old if n in old}
         order = list(incremental_schedule(old, state.order, result.graph, touched_old).order)
     if any(result.graph.info(n).copy_stream for n in result.graph.ops()):
         order = time_swaps(result.graph, order, cost)
     return order
 
 
+def _order_without_solving(old_order, result: Rewritten) -> list[int] | None:
+    if result.anchor is not None:
+        return _place_at_anchor(old_order, result)
+    if result.added:
+        return None
+    order = [n for n in old_order if n not in result.removed]
+    return order if _valid_around(result.graph, order, result.changed) else None
+
+
+def _valid_around(graph: Graph, order: list[int], nodes) -> bool:
+    """Whether `order` runs each of `nodes` after its predecessors and before its successors
+    (enough when only these nodes' edges changed)."""
+    pos = {n: i for i, n in enumerate(order)}
+    return all(
+        all(pos[p] < pos[n] for p in graph.predecessors(n))
+        and all(pos[x] > pos[n] for x in graph.successors(n))
+        for n in nodes
+        if n in pos
+    )
+
+
 def _place_at_anchor(old_order, result: Rewritten) -> list[int] | None:
-    """The old order with the added nodes right before the anchor, or None when that is not a
-    valid order: a recomputed op that reads a weight must run before the weight's in-place
-    update, which the old order may run earlier (then Alg. 2 re-orders)."""
+    """The old order with the added nodes right before the anchor; an in-place update the added
+    nodes must precede (a recomputed op that reads a weight must run before the weight's
+    update) moves to right after them when nothing else stops it. None when no such order
+    is found (then Alg. 2 re-orders)."""
     order = [n for n in old_order if n not in result.removed]
     at = order.index(result.anchor)
     added = sorted(result.added)
     graph = result.graph
     late = set(order[at:]) | set(added)
-    if any(s not in late for a in added for s in graph.successors(a)):
-        return None
+    early = {s for a in added for s in graph.successors(a) if s not in late}
     order[at:at] = added
-    return order
+    if not early:
+        return order
+    moved = sorted(early, key=order.index)
+    order = [n for n in order if n not in early]
+    after = order.index(added[-1]) + 1
+    order[after:after] = moved
+    return order if _valid_around(graph, order, [*added, *early]) else None
