@@ -65,25 +65,6 @@ class Objective:
     def better(self, a: MState, b: MState) -> bool:
         return self.key(a) < self.key(b)
 
-    def priority(self, s: MState, scale: MState) -> tuple:
-        """The order states leave the queue: what the limit leaves free, plus what the state
-        costs of the limited quantity, both relative to `scale` (the initial state).
-
-        BetterThan ranks a state by one figure first; as a queue order that spends the whole
-        latency budget (or reaches the memory limit) with the first moves that save the most,
-        however much they cost. Here a move that saves 5% memory for 1% latency outranks one
-        that saves 6% for 8%: memory-limit mode ranks by latency plus the memory still above
-        the limit (a Lagrangian with unit weight on relative figures); latency-limit mode by
-        memory plus a tenth of the latency (and the whole excess above the limit). The best
-        state is still chosen by BetterThan (`better`)."""
-        m = s.memory / max(scale.memory, 1)
-        t = s.latency / max(scale.latency, 1e-12)
-        if self.mode is Mode.MEMORY_LIMIT:
-            excess = max(0.0, s.memory - self.limit) / max(scale.memory, 1)
-            return (t + excess, m)
-        excess = max(0.0, s.latency - self.limit) / max(scale.latency, 1e-12)
-        return (m + 0.1 * t + excess, t)
-
     def worth_pushing(self, s: MState, best: MState, delta: float) -> bool:
         """The relaxed test of Alg. 3: not worse than the best by more than a factor `delta` in
         what the comparison ranks first."""
