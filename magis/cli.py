@@ -466,6 +466,11 @@ def bench_compare_cmd(
     with _bar("compare") as progress:
         rep = run_compare(options, progress)
     _print_compare(rep)
+    _finish_bench(rep, out, json_path)
+
+
+def _finish_bench(rep, out: Path, json_path: Path | None) -> None:
+    """Where the results are, the JSON, and exit 130 when Ctrl-C cut the run short."""
     console.print(f"[dim]results in {out} ({rep.seconds:.0f} s)[/dim]")
     _write_json(json_path, rep.to_json())
     if rep.interrupted:
@@ -495,11 +500,7 @@ def bench_ablation_cmd(
     with _bar("ablation") as progress:
         rep = run_ablation(options, progress)
     console.print(tables_markdown(rep))
-    console.print(f"[dim]results in {out} ({rep.seconds:.0f} s)[/dim]")
-    _write_json(json_path, rep.to_json())
-    if rep.interrupted:
-        err_console.print("interrupted: the results hold what finished")
-        raise typer.Exit(130)
+    _finish_bench(rep, out, json_path)
 
 
 @app.command("demo")

@@ -84,8 +84,17 @@ def best_under_memory(outcomes: Iterable[Outcome], limit_bytes: int, method: str
     if fits:
         return min(fits, key=lambda p: (p.latency, p.memory))
     least = min((p.memory for p in pts), default=None)
-    why = "no point" if least is None else f"least memory reached {least / 2**30:.3f} GiB"
-    return Failure(method, f"no setting fits {limit_bytes / 2**30:.3f} GiB ({why})")
+    why = "no point" if least is None else f"least memory reached {_size(least)}"
+    return Failure(method, f"no setting fits {_size(limit_bytes)} ({why})")
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure at 1 or more (tiny workloads
+    have kilobyte peaks)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3f} {unit}"
+    return f"{int(nbytes)} B"
 
 
 def best_under_latency(outcomes: Iterable[Outcome], limit_s: float, method: str) -> Outcome:

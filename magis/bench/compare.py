@@ -47,21 +47,14 @@ from magis.baselines import (
     pareto_front,
 )
 from magis.capture import Step
+from magis.capture.workloads import WORKLOAD_FAMILIES
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph
 from magis.search import Mode, Objective, SearchResult, optimize_graph
 from magis.sim import SimResult, simulate
 
-PAPER_WORKLOADS = (
-    "resnet50",
-    "bert-base",
-    "vit-base",
-    "unet",
-    "unetpp",
-    "gpt-neo-1.3b",
-    "btlm-3b",
-)
+PAPER_WORKLOADS = WORKLOAD_FAMILIES  # at paper (Table 2) size
 DEFAULT_TIME_BUDGET = 60.0  # seconds per MAGIS search (the paper gives 3 min; see the README)
 PARETO_MEMORY_RATIOS = (0.6, 0.2)  # extra MAGIS searches for its Pareto curve
 MICROBATCH_FACTORS = (8, 16, 32)  # §7.2.4
