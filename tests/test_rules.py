@@ -102,3 +102,41 @@ def test_training_batch_norm_is_recomputed_without_touching_running_stats():
     assert res.graph.node(twin).args[3] is None and res.graph.node(twin).args[4] is None
     new_order = place_after_inputs(res.graph, order, res.added)
     _check(step, res.graph, new_order)
+
+
+def _same_storages(a, b) -> bool:
+    return (
+        a.base == b.base
+        and a.nbytes == b.nbytes
+        and {s: set(r) for s, r in a.readers.items()} == {s: set(r) for s, r in b.readers.items()}
+        and (a.resident, a.outputs, a.host) == (b.resident, b.outputs, b.host)
+    )
+
+
+@pytest.mark.parametrize("workload", ["bert-base:tiny", "resnet50:tiny", "gpt-neo-1.3b:tiny"])
+def test_storage_map_derived_from_the_parent_equals_a_fresh_build(workload):
+    """The search derives each child's StorageMap from its parent's (Graph.storages_from); for
+    every rule and its dual, twice in a row, it must equal the full build."""
+    from magis.ir.graph import StorageMap
+    from magis.rules.taso import TASO_RULES
+
+    _, step = workload_step(workload)
+    cost = get_cost_model("rtx3090")
+    rules = [*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP]
+    graph, order = step.graph, list(step.graph.program_order())
+    checked = 0
+    for _ in range(3):
+        ctx = RuleContext(graph, tuple(order), simulate(graph, order, cost), hotspots_only=False)
+        last = None
+        for rw in candidates(rules, ctx):
+            res = rw.build()
+            derived = res.graph.storages_from(graph, res.added, res.changed, res.removed)
+            assert _same_storages(derived, StorageMap.build(res.graph)), rw.description
+            checked += 1
+            last = res
+        if last is None:
+            break
+        graph = last.graph
+        order = place_after_inputs(graph, order, last.added)
+        graph.storages()  # the next round derives from this one
+    assert checked >= 20

@@ -394,6 +394,22 @@ class Graph:
         """Storage and alias bookkeeping for the current version (see `StorageMap`)."""
         return self.derived("storages", lambda: StorageMap.build(self))
 
+    def storages_from(
+        self,
+        parent: Graph,
+        added: Iterable[int],
+        changed: Iterable[int],
+        removed: Iterable[int] = (),
+    ) -> StorageMap:
+        """This version's StorageMap, derived from `parent`'s: this graph is `parent` with
+        `added` nodes, `changed` nodes (inputs re-wired) and `removed` nodes. A search step
+        touches a handful of nodes; the full build walks them all, per state."""
+        if "storages" not in self._derived:
+            self._derived["storages"] = StorageMap.update(
+                parent.storages(), parent, self, set(added), set(changed), set(removed)
+            )
+        return self._derived["storages"]
+
     # --- checks ---------------------------------------------------------------------------
 
     def verify(self) -> None:
@@ -480,6 +496,63 @@ class StorageMap:
         outs = frozenset(base[r] for r in graph.outputs)
         return StorageMap(base, nbytes, readers, resident, outs, frozenset(host))
 
+    @staticmethod
+    def update(
+        old: StorageMap,
+        parent: Graph,
+        graph: Graph,
+        added: set[int],
+        changed: set[int],
+        removed: set[int],
+    ) -> StorageMap:
+        """`StorageMap.build(graph)`, computed from `old` (the parent's map) for a rewrite that
+        added, re-wired and removed the given nodes (see `Graph.storages_from`).
+
+        A node's storage can only move if it aliases (a view, an in-place write) a value whose
+        storage moved, so the nodes re-resolved are the touched ones and their aliasing
+        descendants; the readers re-registered are those and every node reading them."""
+        lookup = graph.registry.lookup
+        nodes = graph.nodes
+        dirty = _aliasing_closure(graph, (added | changed) - removed, lookup)
+        reread = {u for n in dirty for u in graph.successors(n)} | dirty
+        base = dict(old.base)
+        nbytes = dict(old.nbytes)
+        readers = dict(old.readers)
+        host = set(old.host)
+        for n in (reread | removed) & parent.nodes.keys():
+            for s in {old.base[r] for r in parent.node(n).inputs}:
+                if s in readers:
+                    readers[s] = [x for x in readers[s] if x != n]
+        for n in (dirty | removed) & parent.nodes.keys():
+            for i in range(len(parent.node(n).outputs)):
+                ref = Ref(n, i)
+                base.pop(ref, None)
+                if n in removed or ref not in old.nbytes:
+                    nbytes.pop(ref, None)
+                    readers.pop(ref, None)
+                    host.discard(ref)
+        for n in _topological(graph, dirty):
+            node = nodes[n]
+            info = lookup(node.op)
+            aliased = _aliased_input(node, info)
+            for i, meta in enumerate(node.outputs):
+                ref = Ref(n, i)
+                if aliased is not None:
+                    base[ref] = base[aliased]
+                    nbytes.pop(ref, None)
+                    readers.pop(ref, None)
+                    continue
+                base[ref] = ref
+                nbytes[ref] = meta.nbytes
+                readers.setdefault(ref, [])
+                if info.host_output:
+                    host.add(ref)
+        for n in reread:
+            for s in {base[r] for r in nodes[n].inputs}:
+                readers[s] = [*readers[s], n]
+        outs = frozenset(base[r] for r in graph.outputs)
+        return StorageMap(base, nbytes, readers, old.resident, outs, frozenset(host))
+
     def storage_of(self, ref: Ref) -> Ref:
         return self.base[ref]
 
@@ -488,6 +561,40 @@ class StorageMap:
         return [
             Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes
         ]
+
+
+def _aliasing_closure(graph: Graph, start: set[int], lookup) -> set[int]:
+    """`start` and every node that aliases (views, writes into) one of them, transitively."""
+    out = set(start)
+    stack = list(start)
+    while stack:
+        for u in graph.successors(stack.pop()):
+            if u in out:
+                continue
+            node = graph.node(u)
+            if node.writes_into is not None or lookup(node.op).is_view:
+                out.add(u)
+                stack.append(u)
+    return out
+
+
+def _topological(graph: Graph, subset: set[int]) -> list[int]:
+    """`subset` in an order where each node follows its predecessors within the subset."""
+    done: set[int] = set()
+    out: list[int] = []
+    for n in sorted(subset):
+        stack = [(n, False)]
+        while stack:
+            v, expanded = stack.pop()
+            if v in done:
+                continue
+            if expanded:
+                done.add(v)
+                out.append(v)
+                continue
+            stack.append((v, True))
+            stack.extend((p, False) for p in graph.predecessors(v) if p in subset and p not in done)
+    return out
 
 
 def _aliased_input(node: Node, info: OpInfo | None) -> Ref | None:

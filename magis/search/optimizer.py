@@ -341,6 +341,15 @@ def _evaluate(
     state: MState, rewrite: Rewrite, cost: CostModel, seen: set[int], timer: _Timer
 ) -> MState | None:
     result: Rewritten = timer.run("transform", rewrite.build)
+    # Storage bookkeeping from the parent's, not rebuilt: rules, scheduler and simulator read it.
+    timer.run(
+        "simulate",
+        result.graph.storages_from,
+        state.graph,
+        result.added,
+        result.changed,
+        result.removed,
+    )
     h = timer.run(
         "hash",
         wl_hash_incremental,
