@@ -114,3 +114,22 @@ def test_plans_from_several_seeds_verify_on_every_tiny_workload(workload):
         assert check.verified, f"seed {seed}: {check.worst} differs by {check.max_rel_err:.2e}"
         measured = measure(program, step.program_inputs(inputs), repeats=1, warmup=0)
         assert abs(measured.peak_bytes - best.memory) <= 0.05 * measured.peak_bytes
+
+
+def test_level_moves_split_every_layer_at_once_and_verify():
+    """F-Tree macro moves enable one level's nodes in every layer at once; the materialized
+    program runs and matches eager PyTorch."""
+    from magis.search import fission_moves
+
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    level_moves = [(d, b) for d, b in fission_moves.moves(tree) if "-level" in d.split()[0]]
+    assert level_moves, "no level-wide move on a two-layer transformer"
+    description, build = level_moves[0]
+    new_tree = build()
+    assert len(new_tree.enabled()) >= 2, description
+    done = fission_moves.apply(base, base_order, new_tree)
+    program = compile_program(done.graph, done.order)
+    inputs = step.make_inputs()
+    check = verify(step, program, inputs)
+    assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from magis.analyze.ftree import build_ftree
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.rules.fission import Materialized, materialize, prepare
+from magis.rules.fission import FTREE_RULES, Materialized, RuleKind, materialize, prepare
 from magis.rules.fission import candidates as ftree_candidates
 
 
@@ -70,8 +70,39 @@ def moves(tree) -> Iterator[tuple[str, object]]:
         kind, index = cand.description.split()
         return _RULE_RANK.get(kind, len(_RULE_RANK)), -tree.nodes[int(index)].score
 
+    yield from _level_moves(tree)
     for cand in sorted(ftree_candidates(tree), key=rank):
         yield cand.description, cand.build
+
+
+def _level_moves(tree) -> Iterator[tuple[str, object]]:
+    """Macro moves over repeated layers: enable (or split further) every tree-node of one level
+    at once, levels of the highest total score first.
+
+    A transformer's F-Tree holds one node per layer and level, each worth a small part of the
+    peak; one at a time, the 24 layers of gpt-neo-1.3b cost 24 materializations (seconds each)
+    before the search sees what splitting them all is worth, and a budget of minutes runs out
+    first. The single-node mutations still follow, to undo or refine."""
+    for kind in (RuleKind.ENABLE, RuleKind.MUTATE):
+        rule = next(r for r in FTREE_RULES if r.kind is kind)
+        by_level: dict[int, list[int]] = {}
+        for i in rule.match(tree):
+            by_level.setdefault(tree.nodes[i].level, []).append(i)
+        ranked = sorted(by_level.items(), key=lambda kv: -sum(tree.nodes[i].score for i in kv[1]))
+        for level, nodes in ranked:
+            if len(nodes) >= 2:
+                yield (
+                    f"{kind.value}-level {level}",
+                    lambda r=rule, n=tuple(nodes): _apply_all(tree, r, n),
+                )
+
+
+def _apply_all(tree, rule, nodes: tuple[int, ...]):
+    """`rule` applied to each of `nodes` that it still matches once the others are applied."""
+    for i in nodes:
+        if i in set(rule.match(tree)):
+            tree = rule.apply(tree, i)
+    return tree
 
 
 def apply(base: Graph, base_order, tree, reuse: Materialized | None = None) -> Fissioned:
