@@ -133,3 +133,23 @@ def test_level_moves_split_every_layer_at_once_and_verify():
     inputs = step.make_inputs()
     check = verify(step, program, inputs)
     assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
+
+
+def test_direct_moves_enable_an_inner_tree_node_at_once_and_verify():
+    """A tree-node with children is enabled in one move (what leaf enables and lifts reach);
+    the materialized program matches eager PyTorch."""
+    from magis.search import fission_moves
+
+    _, step = workload_step("gpt-neo-1.3b:tiny", dtype=torch.float64)
+    base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    direct = [(d, b) for d, b in fission_moves.moves(tree) if d.startswith("enable-direct")]
+    assert direct, "no inner tree-node offered"
+    description, build = direct[0]
+    new_tree = build()
+    index = int(description.split()[1])
+    assert new_tree.enabled() == [index] and tree.children(index)
+    done = fission_moves.apply(base, base_order, new_tree)
+    program = compile_program(done.graph, done.order)
+    inputs = step.make_inputs()
+    check = verify(step, program, inputs)
+    assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"

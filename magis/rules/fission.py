@@ -665,6 +665,23 @@ def _apply_mutate(tree: FTree, i: int) -> FTree:
     return tree.with_n(i, _smallest_divisor(_effective_length(tree, i), tree.nodes[i].n))
 
 
+def directly_enableable(tree: FTree) -> Iterator[int]:
+    """Disabled nodes with nothing enabled above or below them: what enabling a leaf of their
+    subtree and lifting it up to them (Fig. 7 (a), then (b) repeatedly) reaches."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled or _has_enabled_ancestor(tree, i):
+            continue
+        if any(tree.nodes[d].enabled for d in tree.descendants(i)):
+            continue
+        if _smallest_divisor(_effective_length(tree, i)):
+            yield i
+
+
+def enable_directly(tree: FTree, i: int) -> FTree:
+    """Node i enabled with its smallest fission number (see `directly_enableable`)."""
+    return _apply_enable(tree, i)
+
+
 FTREE_RULES: tuple[FTreeRule, ...] = (
     FTreeRule(RuleKind.ENABLE, _match_enable, _apply_enable, "Fig. 7 (a)"),
     FTreeRule(RuleKind.LIFT, _match_lift, _apply_lift, "Fig. 7 (b)"),
