@@ -12,6 +12,7 @@ import enum
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from magis.ir import Graph
 from magis.sim import SimResult
@@ -42,8 +43,10 @@ class RuleContext:
     hotspots_only: bool = True
     max_candidates: int = 16
 
-    @property
+    @cached_property
     def position(self) -> dict[int, int]:
+        """Node -> step of `order`; built once per context (every hot storage's candidate
+        generation reads it, thousands of times per search)."""
         return {nid: i for i, nid in enumerate(self.order)}
 
 
