@@ -46,6 +46,34 @@ def test_objective_ranks_satisfying_states_first():
     assert lat.better(S(50, 0.9), S(100, 0.5))
 
 
+def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
+    from dataclasses import dataclass
+
+    from magis.search.queue import CAP_STEP, CAP_WINDOW, QueueOrder
+
+    @dataclass
+    class S:
+        memory: int
+        latency: float
+
+    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
+    order.observe(S(100, 1.0), 0.0)
+    cheap, deep = S(80, 1.01), S(50, 1.5)
+    assert order.key(cheap) < order.key(deep)  # the cap ranks the cheap line first
+    assert order.worth_pushing(cheap, best=deep) and not order.worth_pushing(deep, best=deep)
+    cap = order.cap
+    assert not order.observe(cheap, 0.05)
+    assert not order.observe(S(79, 1.0), CAP_WINDOW - 0.01)  # too soon to judge the pace
+    assert not order.observe(S(79, 1.0), CAP_WINDOW + 0.01)  # 100 -> 79 in a window: fast
+    assert order.observe(S(79, 1.0), 2.5 * CAP_WINDOW)  # nothing in a window: too slow
+    assert order.cap == pytest.approx(cap + CAP_STEP)
+    assert order.observe(S(40, 1.4), 0.5)  # the limit is met: the objective's own order
+    assert order.key(S(40, 1.4)) == Objective(Mode.MEMORY_LIMIT, 40).key(S(40, 1.4))
+    assert order.key(deep) < order.key(cheap)
+    lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
+    assert not lat.observe(S(10, 5.0), 0.9) and lat.key(cheap) == lat.objective.key(cheap)
+
+
 def test_fission_moves_alone_find_a_plan_that_verifies():
     _, step = workload_step("bert-base:tiny", dtype=torch.float64)
     cost = get_cost_model("rtx3090")

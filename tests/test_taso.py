@@ -4,10 +4,18 @@ import pytest
 import torch
 
 from magis.backend import compile_program, verify
-from magis.capture import capture, workload_step
+from magis.capture import capture, training_step, workload_step
 from magis.cost import get_cost_model
 from magis.rules.base import RuleContext, place_after_inputs
-from magis.rules.taso import EXPAND, FACTOR, FOLD_SLICE_OF_CAT, MERGE_MATMUL, SPLIT_MATMUL
+from magis.rules.taso import (
+    EXPAND,
+    FACTOR,
+    FOLD_SLICE_OF_CAT,
+    MERGE_CONV_BACKWARD,
+    MERGE_MATMUL,
+    SPLIT_CONV_BACKWARD,
+    SPLIT_MATMUL,
+)
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.sim import simulate
 
@@ -84,3 +92,64 @@ def test_distributivity_both_ways():
     step = capture(lambda a, b, c: (a + b) * c, *args)
     ((res, _),) = _apply_and_verify(step, EXPAND)
     assert sum(res.graph.node(n).op == "aten.mul.Tensor" for n in res.graph.ops()) == 2
+
+
+@pytest.fixture(scope="module")
+def unet_tiny():
+    return workload_step("unet:tiny", dtype=torch.float64)[1]
+
+
+def test_split_conv_backward_and_merge_back(unet_tiny):
+    (every, _), *splits = _apply_and_verify(unet_tiny, SPLIT_CONV_BACKWARD, expect_at_least=10)
+    assert len(every.removed) == len(splits)  # the first rewrite splits them all at once
+    for res, order in splits[:3]:
+        ops = sorted(res.graph.node(n).op for n in res.added)
+        assert ops == ["aten.convolution.default", "aten.convolution_backward.default"]
+        sub = type(unet_tiny)(
+            res.graph,
+            unet_tiny.fn,
+            unet_tiny.input_names,
+            unet_tiny.input_kinds,
+            unet_tiny.output_names,
+            unet_tiny.example_inputs,
+            unet_tiny.constants,
+        )
+        (back, _), *_ = _apply_and_verify(sub, MERGE_CONV_BACKWARD, order)
+        assert wl_hash(back.graph).value == wl_hash(unet_tiny.graph).value
+
+
+def test_split_conv_backward_lets_the_saved_input_die_before_dgrad():
+    """The point of the split: with wgrad first, the peak of a conv's backward drops by the
+    size of its saved input (here the input is the biggest tensor)."""
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.Upsample(scale_factor=2),  # its backward does not read its input
+        torch.nn.Conv2d(8, 2, 3, padding=1, bias=False),
+    ).double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean())
+    graph, order = step.graph, list(step.graph.program_order())
+    cost = get_cost_model("unit")
+    ((res, _),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
+    dgrad, wgrad = sorted(res.added)  # created in this order
+    before = simulate(graph, order, cost).peak_bytes
+    split_order = [n for n in order if n in res.graph]
+    at = split_order.index(min(res.changed, key=split_order.index))
+    split_order[at:at] = [wgrad, dgrad]
+    assert res.graph.is_valid_schedule(split_order)
+    after = simulate(res.graph, split_order, cost).peak_bytes
+    assert after < before
+
+
+@pytest.mark.parametrize("size", [8, 9])
+def test_split_strided_conv_backward_puts_the_dropped_rows_back(size):
+    """A stride-2 convolution of an even-sized map drops a row: its dgrad needs an output
+    padding of 1 (odd size: 0)."""
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, stride=2, padding=1)
+    ).double()
+    x = torch.randn(2, 3, size, size, dtype=torch.float64)
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean())
+    ((res, _),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
+    dgrad = min(res.added)
+    assert res.graph.node(dgrad).args[7] == [1 - size % 2] * 2

@@ -92,6 +92,8 @@ def _conv_macs(x: TensorMeta, w: TensorMeta, out: TensorMeta, groups: int) -> fl
 
 def _convolution(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
     x, w = args[0], args[1]
+    if len(args) > 6 and args[6]:  # transposed: w is (Cin, Cout/groups, *kernel), per input
+        return 2.0 * float(x.numel) * math.prod(w.shape[1:])
     groups = args[8] if len(args) > 8 else 1
     return 2.0 * _conv_macs(x, w, outs[0], groups)
 

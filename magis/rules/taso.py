@@ -6,6 +6,14 @@
   by rows instead, and their row slices are contiguous. The dual splits such a merged matmul back.
 - Concat/split algebra: a slice that exactly covers one input of a cat is that input.
 - Distributivity: a*c + b*c = (a + b)*c, and back.
+- Convolution backward, one op into two: `convolution_backward` computes the input gradient
+  (dgrad) and the weight and bias gradients (wgrad) in one node that reads the saved input,
+  so the saved input and the new input gradient are live together. Split, dgrad is the
+  transposed convolution of the output gradient (it reads no saved input), the scheduler
+  runs wgrad first, and the saved input can die before dgrad allocates its gradient. A transformer's backward has this
+  freedom already, because its linear layers' dgrad and wgrad are separate `mm`s. A CNN's
+  backward gets it from this rule, at no extra work: a GPU library launches the two as
+  separate kernels anyway. The dual merges such a pair back.
 
 Each rule is checked the TASO way (thesis §3.4): by running the rewritten program on random
 inputs and comparing with the original (tests/test_taso.py).
@@ -14,7 +22,7 @@ inputs and comparing with the original (tests/test_taso.py).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from magis.ir import Graph, Ref, TensorMeta
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
@@ -354,9 +362,175 @@ def _match_expand(ctx: RuleContext) -> Iterator[Rewrite]:
             )
 
 
+CONV_BACKWARD = "aten.convolution_backward.default"
+CONVOLUTION = "aten.convolution.default"
+_NOTHING = TensorMeta((0,), "float32", 4)  # what a masked-out gradient is (an empty tensor)
+
+
+def _conv_backward_mask(graph: Graph, nid: int) -> list[bool] | None:
+    node = graph.node(nid)
+    if node.op != CONV_BACKWARD or node.kwargs or len(node.args) != 11:
+        return None
+    return [bool(m) for m in node.args[10]]
+
+
+def _dgrad_output_padding(graph: Graph, nid: int) -> list[int] | None:
+    """The output padding that makes the transposed convolution of `nid`'s gradient come out
+    at its input's size (a strided convolution drops the last rows: they are put back here),
+    or None when no valid one exists."""
+    gy, x, w, _, stride, padding, dilation, transposed = graph.node(nid).args[:8]
+    if transposed:
+        return None
+    shapes = graph.meta(gy).shape[2:], graph.meta(x).shape[2:], graph.meta(w).shape[2:]
+    pads = []
+    for out, size, k, s, p, d in zip(*shapes, stride, padding, dilation, strict=True):
+        pad = size - ((out - 1) * s - 2 * p + d * (k - 1) + 1)
+        if not 0 <= pad < max(s, d):
+            return None
+        pads.append(pad)
+    return pads
+
+
+def _splittable_conv_backward(graph: Graph, nid: int) -> bool:
+    mask = _conv_backward_mask(graph, nid)
+    return (
+        mask is not None
+        and mask[0]
+        and (mask[1] or mask[2])
+        and _dgrad_output_padding(graph, nid) is not None
+    )
+
+
+def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
+    """dgrad as the transposed convolution of the output gradient (which reads no saved
+    input), wgrad as a `convolution_backward` that computes only the weight and bias
+    gradients, for each of `nids`; the scheduler places the two."""
+    g = graph.copy()
+    added: set[int] = set()
+    changed: set[int] = set()
+    for nid in nids:
+        node = g.node(nid)
+        gy, _, w, _, stride, padding, dilation, _, _, groups, mask = node.args
+        out = node.outputs
+        dgrad = g.add_op(
+            f"{node.name}_dgrad",
+            CONVOLUTION,
+            (gy, w, None, stride, padding, dilation, True, _dgrad_output_padding(g, nid), groups),
+            outputs=(out[0],),
+        )
+        wgrad = g.add_op(
+            f"{node.name}_wgrad",
+            node.op,
+            (*node.args[:10], [False, bool(mask[1]), bool(mask[2])]),
+            outputs=(_NOTHING, out[1] if mask[1] else _NOTHING, out[2] if mask[2] else _NOTHING),
+        )
+        changed.update(g.replace_uses(Ref(nid, 0), Ref(dgrad, 0)))
+        for i in (1, 2):
+            changed.update(g.replace_uses(Ref(nid, i), Ref(wgrad, i)))
+        g.remove_node(nid)
+        added |= {dgrad, wgrad}
+    removed = frozenset(nids)
+    return Rewritten(g, frozenset(added), frozenset(changed - removed - added), removed)
+
+
+def conv_backward_pairs(graph: Graph, order, frozen=frozenset()) -> Iterator[tuple[int, int]]:
+    """(dgrad, wgrad) pairs as `split_conv_backward` makes them: a transposed convolution of
+    an output gradient by a weight, and a weight-gradient-only `convolution_backward` of the
+    same gradient, weight and geometry."""
+    dgrads: dict[str, int] = {}
+    wgrads: dict[str, int] = {}
+    for nid in order:
+        if nid in frozen:
+            continue
+        node = graph.node(nid)
+        mask = _conv_backward_mask(graph, nid)
+        if mask is not None and not mask[0] and (mask[1] or mask[2]):
+            gy, _, w, _, stride, padding, dilation, _, _, groups, _ = node.args
+            wgrads[repr((gy, w, stride, padding, dilation, groups))] = nid
+        elif node.op == CONVOLUTION and len(node.args) == 9 and node.args[6] and not node.kwargs:
+            gy, w, bias, stride, padding, dilation, _, _, groups = node.args
+            if bias is None:
+                dgrads[repr((gy, w, stride, padding, dilation, groups))] = nid
+    for key, d in dgrads.items():
+        w = wgrads.get(key)
+        if w is not None and graph.node(d).args[7] == _dgrad_output_padding(graph, w):
+            yield d, w
+
+
+def merge_conv_backward(graph: Graph, dgrad: int, wgrad: int) -> Rewritten:
+    """The dual: one `convolution_backward` computing both."""
+    g = graph.copy()
+    d, w = g.node(dgrad), g.node(wgrad)
+    mask = w.args[10]
+    name = d.name.removesuffix("_dgrad")
+    merged = g.add_op(
+        name if name != d.name else f"{d.name}_merged",
+        w.op,
+        (*w.args[:10], [True, bool(mask[1]), bool(mask[2])]),
+        outputs=(d.outputs[0], w.outputs[1], w.outputs[2]),
+    )
+    changed = set(g.replace_uses(Ref(dgrad, 0), Ref(merged, 0)))
+    for i in (1, 2):
+        changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
+    g.remove_node(dgrad)
+    g.remove_node(wgrad)
+    removed = frozenset({dgrad, wgrad})
+    return Rewritten(g, frozenset({merged}), frozenset(changed - removed), removed)
+
+
+def _match_split_conv_backward(ctx: RuleContext) -> Iterator[Rewrite]:
+    """Every convolution's backward split at once first (a CNN has dozens, each worth a
+    little, and splitting never costs memory once scheduled), then one at a time."""
+    nids = [
+        n
+        for n in _largest_first(ctx, CONV_BACKWARD)
+        if n not in ctx.frozen and _splittable_conv_backward(ctx.graph, n)
+    ]
+    if len(nids) > 1:
+        yield Rewrite(
+            "split_conv_backward",
+            RuleKind.TASO,
+            f"split all {len(nids)} convolution backwards into dgrad and wgrad",
+            lambda: split_conv_backward(ctx.graph, nids),
+        )
+    for nid in nids:
+        yield Rewrite(
+            "split_conv_backward",
+            RuleKind.TASO,
+            f"split {ctx.graph.node(nid).name} into dgrad and wgrad",
+            lambda n=nid: split_conv_backward(ctx.graph, [n]),
+        )
+
+
+def _largest_first(ctx: RuleContext, op: str) -> list[int]:
+    """The nodes of `op`, largest first output first (the rewrites that matter most)."""
+    nodes = [n for n in ctx.order if ctx.graph.node(n).op == op]
+    return sorted(nodes, key=lambda n: -max(m.nbytes for m in ctx.graph.node(n).outputs))
+
+
+def _match_merge_conv_backward(ctx: RuleContext) -> Iterator[Rewrite]:
+    for d, w in conv_backward_pairs(ctx.graph, ctx.order, ctx.frozen):
+        yield Rewrite(
+            "merge_conv_backward",
+            RuleKind.TASO,
+            f"merge {ctx.graph.node(d).name} and {ctx.graph.node(w).name}",
+            lambda d=d, w=w: merge_conv_backward(ctx.graph, d, w),
+        )
+
+
 MERGE_MATMUL = Rule("merge_matmul", RuleKind.TASO, _match_merge)
 SPLIT_MATMUL = Rule("split_matmul", RuleKind.TASO, _match_split)
 FOLD_SLICE_OF_CAT = Rule("fold_slice_of_cat", RuleKind.TASO, _match_fold)
 FACTOR = Rule("factor", RuleKind.TASO, _match_factor)
 EXPAND = Rule("expand", RuleKind.TASO, _match_expand)
-TASO_RULES = (MERGE_MATMUL, SPLIT_MATMUL, FOLD_SLICE_OF_CAT, FACTOR, EXPAND)
+SPLIT_CONV_BACKWARD = Rule("split_conv_backward", RuleKind.TASO, _match_split_conv_backward)
+MERGE_CONV_BACKWARD = Rule("merge_conv_backward", RuleKind.TASO, _match_merge_conv_backward)
+TASO_RULES = (
+    MERGE_MATMUL,
+    SPLIT_MATMUL,
+    FOLD_SLICE_OF_CAT,
+    FACTOR,
+    EXPAND,
+    SPLIT_CONV_BACKWARD,
+    MERGE_CONV_BACKWARD,
+)

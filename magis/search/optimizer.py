@@ -4,7 +4,8 @@ A priority queue of M-States; each popped state is rewritten by every rule (lazi
 graph is built only when evaluated, a few at a time), de-duplicated by an incremental
 Weisfeiler-Lehman hash, rescheduled incrementally (Alg. 2, then Store/Load timing), simulated,
 and pushed back if it is not worse than the best by more than a factor delta (1.1); the queue is
-ordered by BetterThan. (A queue order weighing memory saved against latency spent was tried
+ordered by BetterThan (in memory-limit mode, under a rising latency cap until the limit is met:
+see queue.py). (A queue order weighing memory saved against latency spent was tried
 and did worse: resnet50 missed a 0.4 memory limit in 60 s that the greedy order meets, and
 unet under a 1.10 latency limit ended higher.) A time budget or Ctrl-C ends the search; the
 best state so far is always returned, and every improvement is recorded (time, memory,
@@ -33,6 +34,7 @@ from magis.schedule import incremental_schedule, schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
 from magis.search.hashing import wl_hash, wl_hash_incremental
+from magis.search.queue import QueueOrder
 from magis.search.state import MState, Objective
 from magis.sim import SimResult, simulate
 
@@ -164,7 +166,9 @@ def optimize_graph(
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
     tie = itertools.count()
-    queue: list = [(objective.key(init), next(tie), init, None)]
+    ranking = QueueOrder(objective, init.latency, delta)
+    ranking.observe(init, 0.0)
+    queue: list = [(ranking.key(init), next(tie), init, None)]
     seen = {init.hash.value}
     seen_trees: set = set()
     interrupted = False
@@ -174,9 +178,14 @@ def optimize_graph(
             return True
         return time.perf_counter() - start >= time_budget
 
+    def progress() -> float:  # by states when bounded by them: a reproducible search
+        if max_states is not None:
+            return stats.states_explored / max_states
+        return (time.perf_counter() - start) / time_budget
+
     try:
         while queue and not out_of_time():
-            key, _, state, moves = heapq.heappop(queue)
+            _, _, state, moves = heapq.heappop(queue)
             if moves is None:
                 ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, hotspots_only)
                 moves = _moves(state, rules, ctx, cost, seen, seen_trees, timer)
@@ -203,10 +212,12 @@ def optimize_graph(
                     improvements.append(imp)
                     if on_improvement is not None:
                         on_improvement(imp)
-                if objective.worth_pushing(child, best, delta):
-                    heapq.heappush(queue, (objective.key(child), next(tie), child, None))
+                if ranking.worth_pushing(child, best):
+                    heapq.heappush(queue, (ranking.key(child), next(tie), child, None))
+                if ranking.observe(child, progress()):
+                    ranking.rekey(queue)
                 if improved or evaluated >= EXPANSION_WIDTH:
-                    heapq.heappush(queue, (key, next(tie), state, moves))
+                    heapq.heappush(queue, (ranking.key(state), next(tie), state, moves))
                     break
     except KeyboardInterrupt:
         interrupted = True
