@@ -131,11 +131,14 @@ def test_split_conv_backward_lets_the_saved_input_die_before_dgrad():
     graph, order = step.graph, list(step.graph.program_order())
     cost = get_cost_model("unit")
     ((res, _),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
-    dgrad, wgrad = sorted(res.added)  # created in this order
+    ((olds, news),) = res.in_place_of  # where the rewrite puts its nodes: wgrad, then dgrad
+    assert [res.graph.node(n).op for n in news] == [
+        "aten.convolution_backward.default",
+        "aten.convolution.default",
+    ]
     before = simulate(graph, order, cost).peak_bytes
-    split_order = [n for n in order if n in res.graph]
-    at = split_order.index(min(res.changed, key=split_order.index))
-    split_order[at:at] = [wgrad, dgrad]
+    at = order.index(olds[0])
+    split_order = [*order[:at], *news, *order[at + 1 :]]
     assert res.graph.is_valid_schedule(split_order)
     after = simulate(res.graph, split_order, cost).peak_bytes
     assert after < before
@@ -151,5 +154,5 @@ def test_split_strided_conv_backward_puts_the_dropped_rows_back(size):
     x = torch.randn(2, 3, size, size, dtype=torch.float64)
     step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean())
     ((res, _),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
-    dgrad = min(res.added)
+    dgrad = max(res.added)  # made after wgrad
     assert res.graph.node(dgrad).args[7] == [1 - size % 2] * 2

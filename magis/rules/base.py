@@ -63,6 +63,9 @@ class Rewritten:
     # materialization and swapping know it (the first late reader); the scheduler may use the
     # hint instead of re-solving (search/optimizer.py says when).
     anchor: int | None = None
+    # Or, for a rewrite that replaces nodes by others (an op split in two, or two merged):
+    # (old nodes, new nodes) pairs, the new nodes in this order where the first of the old ran.
+    in_place_of: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property
     def touched(self) -> frozenset[int]:

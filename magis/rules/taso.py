@@ -408,29 +408,37 @@ def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
     g = graph.copy()
     added: set[int] = set()
     changed: set[int] = set()
+    places = []
     for nid in nids:
         node = g.node(nid)
         gy, _, w, _, stride, padding, dilation, _, _, groups, mask = node.args
         out = node.outputs
-        dgrad = g.add_op(
-            f"{node.name}_dgrad",
-            CONVOLUTION,
-            (gy, w, None, stride, padding, dilation, True, _dgrad_output_padding(g, nid), groups),
-            outputs=(out[0],),
-        )
         wgrad = g.add_op(
             f"{node.name}_wgrad",
             node.op,
             (*node.args[:10], [False, bool(mask[1]), bool(mask[2])]),
             outputs=(_NOTHING, out[1] if mask[1] else _NOTHING, out[2] if mask[2] else _NOTHING),
         )
+        dgrad = g.add_op(
+            f"{node.name}_dgrad",
+            CONVOLUTION,
+            (gy, w, None, stride, padding, dilation, True, _dgrad_output_padding(g, nid), groups),
+            outputs=(out[0],),
+        )
         changed.update(g.replace_uses(Ref(nid, 0), Ref(dgrad, 0)))
         for i in (1, 2):
             changed.update(g.replace_uses(Ref(nid, i), Ref(wgrad, i)))
         g.remove_node(nid)
         added |= {dgrad, wgrad}
+        places.append(((nid,), (wgrad, dgrad)))  # wgrad first: the saved input dies before
     removed = frozenset(nids)
-    return Rewritten(g, frozenset(added), frozenset(changed - removed - added), removed)
+    return Rewritten(
+        g,
+        frozenset(added),
+        frozenset(changed - removed - added),
+        removed,
+        in_place_of=tuple(places),
+    )
 
 
 def conv_backward_pairs(graph: Graph, order, frozen=frozenset()) -> Iterator[tuple[int, int]]:
@@ -475,7 +483,13 @@ def merge_conv_backward(graph: Graph, dgrad: int, wgrad: int) -> Rewritten:
     g.remove_node(dgrad)
     g.remove_node(wgrad)
     removed = frozenset({dgrad, wgrad})
-    return Rewritten(g, frozenset({merged}), frozenset(changed - removed), removed)
+    return Rewritten(
+        g,
+        frozenset({merged}),
+        frozenset(changed - removed),
+        removed,
+        in_place_of=(((dgrad, wgrad), (merged,)),),
+    )
 
 
 def _match_split_conv_backward(ctx: RuleContext) -> Iterator[Rewrite]:

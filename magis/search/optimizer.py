@@ -383,11 +383,12 @@ def _evaluate(
 def _reschedule(state: MState, result: Rewritten, cost: CostModel) -> list[int]:
     """Alg. 2 around the old nodes the rewrite touched, then Store/Load timing.
 
-    Two kinds of rewrite need no re-solving, and Alg. 2 would cost a sub-problem rebuild per
+    Three kinds of rewrite need no re-solving, and Alg. 2 would cost a sub-problem rebuild per
     state for an answer already known: one that only removes nodes (the duals: a merged copy's
-    readers read an earlier value, so the old order minus the removed nodes stays valid), and
-    one that knows where its nodes belong (re-materialization and swapping: right before the
-    first late reader). The final best is re-ordered in full (`_polish`)."""
+    readers read an earlier value, so the old order minus the removed nodes stays valid), one
+    that knows where its nodes belong (re-materialization and swapping: right before the
+    first late reader), and one that replaces nodes by others in their place (an op split in
+    two, or two merged). The final best is re-ordered in full (`_polish`)."""
     order = _order_without_solving(state.order, result)
     if order is None:
         old = state.graph
@@ -405,6 +406,8 @@ def _reschedule(state: MState, result: Rewritten, cost: CostModel) -> list[int]:
 def _order_without_solving(old_order, result: Rewritten) -> list[int] | None:
     if result.anchor is not None:
         return _place_at_anchor(old_order, result)
+    if result.in_place_of:
+        return _place_in_place_of(old_order, result)
     if result.added:
         return None
     order = [n for n in old_order if n not in result.removed]
@@ -421,6 +424,19 @@ def _valid_around(graph: Graph, order: list[int], nodes) -> bool:
         for n in nodes
         if n in pos
     )
+
+
+def _place_in_place_of(old_order, result: Rewritten) -> list[int] | None:
+    """The old order with each group of new nodes where the first of the nodes it replaces
+    ran; None when that order is not valid (then Alg. 2 re-orders)."""
+    pos = {n: i for i, n in enumerate(old_order)}
+    spots = {min(olds, key=pos.__getitem__): news for olds, news in result.in_place_of}
+    order = []
+    for n in old_order:
+        order.extend(spots.get(n, ()))
+        if n not in result.removed:
+            order.append(n)
+    return order if _valid_around(result.graph, order, result.touched) else None
 
 
 def _place_at_anchor(old_order, result: Rewritten) -> list[int] | None:
