@@ -100,22 +100,24 @@ def unet_tiny():
 
 
 def test_split_conv_backward_and_merge_back(unet_tiny):
-    (every, _), *splits = _apply_and_verify(unet_tiny, SPLIT_CONV_BACKWARD, expect_at_least=10)
-    assert len(every.removed) == len(splits)  # the first rewrite splits them all at once
-    for res, order in splits[:3]:
-        ops = sorted(res.graph.node(n).op for n in res.added)
-        assert ops == ["aten.convolution.default", "aten.convolution_backward.default"]
-        sub = type(unet_tiny)(
-            res.graph,
-            unet_tiny.fn,
-            unet_tiny.input_names,
-            unet_tiny.input_kinds,
-            unet_tiny.output_names,
-            unet_tiny.example_inputs,
-            unet_tiny.constants,
-        )
-        (back, _), *_ = _apply_and_verify(sub, MERGE_CONV_BACKWARD, order)
-        assert wl_hash(back.graph).value == wl_hash(unet_tiny.graph).value
+    ((split, order),) = _apply_and_verify(unet_tiny, SPLIT_CONV_BACKWARD)
+    convs = [
+        n for n in unet_tiny.graph.ops() if "convolution_backward" in unet_tiny.graph.node(n).op
+    ]
+    assert 10 <= len(split.removed) < len(convs)  # all but the first layer's (no input grad)
+    ops = sorted(split.graph.node(n).op for n in split.added)
+    assert ops.count("aten.convolution.default") == len(split.removed)
+    sub = type(unet_tiny)(
+        split.graph,
+        unet_tiny.fn,
+        unet_tiny.input_names,
+        unet_tiny.input_kinds,
+        unet_tiny.output_names,
+        unet_tiny.example_inputs,
+        unet_tiny.constants,
+    )
+    ((back, _),) = _apply_and_verify(sub, MERGE_CONV_BACKWARD, order)
+    assert wl_hash(back.graph).value == wl_hash(unet_tiny.graph).value
 
 
 def test_split_conv_backward_lets_the_saved_input_die_before_dgrad():

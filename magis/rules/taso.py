@@ -465,54 +465,55 @@ def conv_backward_pairs(graph: Graph, order, frozen=frozenset()) -> Iterator[tup
             yield d, w
 
 
-def merge_conv_backward(graph: Graph, dgrad: int, wgrad: int) -> Rewritten:
-    """The dual: one `convolution_backward` computing both."""
+def merge_conv_backward(graph: Graph, pairs: Iterable[tuple[int, int]]) -> Rewritten:
+    """The dual: each (dgrad, wgrad) pair as one `convolution_backward` computing both."""
     g = graph.copy()
-    d, w = g.node(dgrad), g.node(wgrad)
-    mask = w.args[10]
-    name = d.name.removesuffix("_dgrad")
-    merged = g.add_op(
-        name if name != d.name else f"{d.name}_merged",
-        w.op,
-        (*w.args[:10], [True, bool(mask[1]), bool(mask[2])]),
-        outputs=(d.outputs[0], w.outputs[1], w.outputs[2]),
-    )
-    changed = set(g.replace_uses(Ref(dgrad, 0), Ref(merged, 0)))
-    for i in (1, 2):
-        changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
-    g.remove_node(dgrad)
-    g.remove_node(wgrad)
-    removed = frozenset({dgrad, wgrad})
+    added: set[int] = set()
+    changed: set[int] = set()
+    places = []
+    for dgrad, wgrad in pairs:
+        d, w = g.node(dgrad), g.node(wgrad)
+        mask = w.args[10]
+        name = d.name.removesuffix("_dgrad")
+        merged = g.add_op(
+            name if name != d.name else f"{d.name}_merged",
+            w.op,
+            (*w.args[:10], [True, bool(mask[1]), bool(mask[2])]),
+            outputs=(d.outputs[0], w.outputs[1], w.outputs[2]),
+        )
+        changed.update(g.replace_uses(Ref(dgrad, 0), Ref(merged, 0)))
+        for i in (1, 2):
+            changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
+        g.remove_node(dgrad)
+        g.remove_node(wgrad)
+        added.add(merged)
+        places.append(((dgrad, wgrad), (merged,)))
+    removed = frozenset(n for olds, _ in places for n in olds)
     return Rewritten(
         g,
-        frozenset({merged}),
-        frozenset(changed - removed),
+        frozenset(added),
+        frozenset(changed - removed - added),
         removed,
-        in_place_of=(((dgrad, wgrad), (merged,)),),
+        in_place_of=tuple(places),
     )
 
 
 def _match_split_conv_backward(ctx: RuleContext) -> Iterator[Rewrite]:
-    """Every convolution's backward split at once first (a CNN has dozens, each worth a
-    little, and splitting never costs memory once scheduled), then one at a time."""
+    """Every convolution's backward split in one rewrite. A CNN has dozens, each worth a little
+    and none costing memory once placed (wgrad first), and the searches that offered them one
+    at a time spent most of their states on near-identical splits (resnet50 under a 0.4
+    memory limit: 4,059 of 13,000 states, and the limit missed)."""
     nids = [
         n
         for n in _largest_first(ctx, CONV_BACKWARD)
         if n not in ctx.frozen and _splittable_conv_backward(ctx.graph, n)
     ]
-    if len(nids) > 1:
+    if nids:
         yield Rewrite(
             "split_conv_backward",
             RuleKind.TASO,
-            f"split all {len(nids)} convolution backwards into dgrad and wgrad",
+            f"split {len(nids)} convolution backwards into dgrad and wgrad",
             lambda: split_conv_backward(ctx.graph, nids),
-        )
-    for nid in nids:
-        yield Rewrite(
-            "split_conv_backward",
-            RuleKind.TASO,
-            f"split {ctx.graph.node(nid).name} into dgrad and wgrad",
-            lambda n=nid: split_conv_backward(ctx.graph, [n]),
         )
 
 
@@ -523,12 +524,13 @@ def _largest_first(ctx: RuleContext, op: str) -> list[int]:
 
 
 def _match_merge_conv_backward(ctx: RuleContext) -> Iterator[Rewrite]:
-    for d, w in conv_backward_pairs(ctx.graph, ctx.order, ctx.frozen):
+    pairs = list(conv_backward_pairs(ctx.graph, ctx.order, ctx.frozen))
+    if pairs:
         yield Rewrite(
             "merge_conv_backward",
             RuleKind.TASO,
-            f"merge {ctx.graph.node(d).name} and {ctx.graph.node(w).name}",
-            lambda d=d, w=w: merge_conv_backward(ctx.graph, d, w),
+            f"merge {len(pairs)} dgrad and wgrad pairs",
+            lambda: merge_conv_backward(ctx.graph, pairs),
         )
 
 
