@@ -128,6 +128,81 @@ def recompute(graph: Graph, reads: LateReads) -> Rewritten:
     return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
 
 
+MAX_CHAIN = 4  # nodes a segment recomputation may re-run
+
+
+def recompute_chain(ctx: RuleContext, reads: LateReads) -> tuple[int, ...]:
+    """The producers a late copy of `reads.storage` needs re-run, in topological order: its own
+    producer, and, walking back, the producer of every input whose storage would otherwise
+    have to live until the first late reader (at most MAX_CHAIN nodes).
+
+    One-node re-materialization keeps the producer's inputs alive until the copy runs, which
+    saves nothing when they were dead by then. A training ReLU after a batch norm is the
+    common case: its output is saved for the backward, the batch norm's output is not, and
+    only re-running both (from the convolution's output, which the backward keeps anyway)
+    frees anything. That is the segment re-computation of checkpointing, in one rewrite.
+    Inputs that cannot be recomputed (random ops, in-place updates) stay as inputs."""
+    graph, pos, smap = ctx.graph, ctx.position, ctx.graph.storages()
+    first_late = pos[reads.readers[0]]
+
+    def live_anyway(ref: Ref) -> bool:
+        base = smap.base[ref]
+        if base in smap.resident or base in smap.outputs:
+            return True
+        return any(pos[r] >= first_late for r in smap.readers[base])
+
+    chain: set[int] = set()
+    frontier = [reads.storage.node]
+    while frontier and len(chain) < MAX_CHAIN:
+        nid = frontier.pop(0)
+        if nid in chain or nid in ctx.frozen or recompute_call(graph, nid) is None:
+            continue
+        chain.add(nid)
+        frontier.extend(r.node for r in graph.node(nid).inputs if not live_anyway(r))
+    return tuple(sorted(_without_view_roots(graph, chain), key=pos.__getitem__))
+
+
+def _without_view_roots(graph: Graph, chain: set[int]) -> set[int]:
+    """`chain` without views whose input it does not recompute (the walk stopped at them):
+    a copied view of the original is no saving, and the dual never merges views."""
+    chain = set(chain)
+    while True:
+        roots = {
+            n
+            for n in chain
+            if graph.info(n).is_view and any(r.node not in chain for r in graph.node(n).inputs)
+        }
+        if not roots:
+            return chain
+        chain -= roots
+
+
+def recompute_segment(graph: Graph, reads: LateReads, chain: tuple[int, ...]) -> Rewritten:
+    """A new graph where the late readers of `reads.storage` read the last of fresh copies of
+    `chain`'s nodes (each copy reading the copies before it), placed right before the first
+    late reader."""
+    g = graph.copy()
+    mapping: dict[Ref, Ref] = {}
+    for nid in chain:
+        node = g.node(nid)
+        args, kwargs = recompute_call(graph, nid)
+        args = tuple(_mapped(a, mapping) for a in args)
+        twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
+        for i in range(len(node.outputs)):
+            mapping[Ref(nid, i)] = Ref(twin, i)
+    changed = redirect_late_reads(g, reads, mapping[reads.storage])
+    added = frozenset(n for n in g.nodes if n not in graph)
+    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+
+
+def _mapped(arg, mapping: dict[Ref, Ref]):
+    if isinstance(arg, Ref):
+        return mapping.get(arg, arg)
+    if isinstance(arg, list | tuple):
+        return type(arg)(_mapped(a, mapping) for a in arg)
+    return arg
+
+
 def hot_storages(ctx: RuleContext) -> Iterator[Ref]:
     """The hot-spot storages, largest first (heuristic H2), or every non-resident storage when
     H2 is off."""
@@ -158,20 +233,37 @@ def hot_late_reads(ctx: RuleContext, eligible) -> Iterator[LateReads]:
 
 
 def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
+    """Per hot storage: its producer re-run for the late readers, and, when that would keep
+    dead inputs alive, the segment behind it too (`recompute_chain`)."""
     graph = ctx.graph
     for reads in hot_late_reads(ctx, lambda s: recompute_call(graph, s.node) is not None):
+        name = graph.node(reads.storage.node).name
+        chain = recompute_chain(ctx, reads)
+        if len(chain) > 1:
+            yield Rewrite(
+                "remat",
+                RuleKind.REMAT,
+                f"recompute {name} and {len(chain) - 1} producers behind it for "
+                f"{len(reads.readers)} late readers",
+                lambda r=reads, c=chain: recompute_segment(graph, r, c),
+            )
         yield Rewrite(
             "remat",
             RuleKind.REMAT,
-            f"recompute {graph.node(reads.storage.node).name} for {len(reads.readers)} late readers",
+            f"recompute {name} for {len(reads.readers)} late readers",
             lambda r=reads: recompute(graph, r),
         )
 
 
 def _duplicate_key(graph: Graph, nid: int):
+    """What `nid` computes, as a hashable key (None when a constant is unhashable). A training
+    batch norm keys as its recomputation does (`recompute_call`): a recomputed copy is a
+    duplicate of the original, which its dual merges back."""
     node = graph.node(nid)
+    call = recompute_call(graph, nid)
+    args, kwargs = call if call is not None else (node.args, node.kwargs_dict)
     try:
-        key = (node.op, _frozen(node.args), _frozen(node.kwargs))
+        key = (node.op, _frozen(args), _frozen(tuple(sorted(kwargs.items()))))
         hash(key)
     except TypeError:  # unhashable constants: never merged
         return None
@@ -235,7 +327,7 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
     first: dict = {}
     emitted = 0
     for nid in ctx.order:
-        if nid in ctx.frozen or not recomputable(graph, nid) or graph.info(nid).is_view:
+        if nid in ctx.frozen or recompute_call(graph, nid) is None or graph.info(nid).is_view:
             continue
         key = _duplicate_key(graph, nid)
         if key is None:
