@@ -335,3 +335,31 @@ def test_profiled_on_cuda(tmp_path, small_step):
     model = ProfiledCostModel(device="cuda", cache_path=tmp_path / "gpu.sqlite")
     assert model.total_time(small_step.graph) > 0
     assert model.transfer_time(1 << 20) > 0
+
+
+def test_convolution_backward_costs_its_two_kernels():
+    """dgrad and wgrad run as separate kernels (cuDNN, oneDNN): one call costs what the two
+    calls with the split masks cost, so splitting it in the graph is latency-neutral."""
+    from magis.capture import training_step
+    from magis.cost.roofline import RTX3090, roofline_time
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.Conv2d(64, 64, 3, padding=1)
+    )
+    step = training_step(model, (torch.randn(8, 3, 64, 64),), loss_fn=lambda out, x: out.mean())
+    g = step.graph
+    nid = next(
+        n
+        for n in g.ops()
+        if g.node(n).op == "aten.convolution_backward.default" and g.node(n).args[10][0]
+    )
+    key = op_key(g, nid)
+    call = OpCall(key, g.info(nid))
+    nothing = TensorMeta((0,), "float32", 4)
+    dgrad = key._replace(args=(*key.args[:10], (True, False, False)))
+    dgrad = dgrad._replace(outputs=(key.outputs[0], nothing, nothing))
+    wgrad = key._replace(args=(*key.args[:10], (False, True, True)))
+    wgrad = wgrad._replace(outputs=(nothing, *key.outputs[1:]))
+    parts = [roofline_time(RTX3090, OpCall(k, call.info)) for k in (dgrad, wgrad)]
+    assert roofline_time(RTX3090, call) == pytest.approx(sum(parts))
+    assert min(parts) > 0.2 * sum(parts)  # both do real work
