@@ -71,7 +71,12 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert order.key(S(40, 1.4)) == Objective(Mode.MEMORY_LIMIT, 40).key(S(40, 1.4))
     assert order.key(deep) < order.key(cheap)
     lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
-    assert not lat.observe(S(10, 5.0), 0.9) and lat.key(cheap) == lat.objective.key(cheap)
+    dear = S(50, 1.08)
+    assert lat.key(cheap) < lat.key(dear)  # swept: the cheap saving first
+    assert not lat.observe(S(10, 5.0), 0.9)  # over the limit: nothing to do with the cap
+    assert not lat.observe(cheap, 0.1) and lat.observe(cheap, 0.2)  # 3 raises in half the budget
+    assert lat.observe(cheap, 0.34) and lat.observe(cheap, 0.5) and not lat.capped
+    assert lat.key(dear) == lat.objective.key(dear) < lat.key(cheap)
 
 
 def test_fission_moves_alone_find_a_plan_that_verifies():

@@ -25,6 +25,8 @@ class RuleKind(enum.Enum):
     DEREMAT = "deremat"
     SWAP = "swap"
     DESWAP = "deswap"
+    COMPACT = "compact"
+    DECOMPACT = "decompact"
 
 
 @dataclass(frozen=True)

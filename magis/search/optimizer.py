@@ -27,6 +27,7 @@ from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext
+from magis.rules.compact import COMPACT, DECOMPACT
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, SWAP
 from magis.rules.taso import TASO_RULES
@@ -62,7 +63,7 @@ def measure_state(graph: Graph, order, cost: CostModel, figure: MemoryFigure) ->
 
 def default_rules() -> tuple[Rule, ...]:
     """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules."""
-    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP)
+    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT)
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,31 @@
-"""The order of Alg. 3's priority queue, and the latency the memory-limit search allows itself.
+"""The order of Alg. 3's priority queue: BetterThan under a rising latency cap.
 
-Alg. 3 orders the queue by BetterThan: in memory-limit mode, a state over the limit ranks by
-its memory alone. With re-materialization and swapping that is a trap. Every recompute lowers
-the peak a little at a latency cost, so the greedy line of them is always popped first. It
-reaches the limit at a high latency (resnet50 under 0.4: the limit met at 1.98x in 4 s, and
-1.42x after 180 s of de-re-materialization). Meanwhile the latency-limit search at 1.10 finds
-0.39 of the peak at 1.096x with the same rules. Once a state meets the limit, every state
-that meets it ranks first, so the cheap lines were never expanded again.
+Alg. 3 orders the queue by BetterThan. With re-materialization and swapping, that order is
+greedy in a way that traps the search:
 
-So in memory-limit mode, until a state meets the limit, the search works as the latency-limit
-search does, under a latency cap. States within the cap rank by memory, before every state
-above it. The cap starts just above the initial latency and rises a step whenever the lowest
-memory reached within it ("the frontier") is not falling fast enough to reach the limit in the
-time that is left (at its pace over the last tenth of the budget). It is a sweep of latency limits, paced by the search's own progress.
-Progress is the fraction of the time budget, or of `max_states` when that is given, so that a
+- In memory-limit mode, a state over the limit ranks by its memory alone. Every recompute
+  lowers the peak a little at a latency cost, so the greedy line of them is always popped first.
+  It reaches the limit at a high latency, and from then on every state that meets the limit
+  ranks first, so the cheaper lines are never expanded again. resnet50 under 0.4 met the limit
+  at 1.98x in 4 s and ended at 1.42x, where the latency-limit search at 1.10 finds 0.39 of the
+  peak at 1.096x with the same rules.
+- In latency-limit mode, a state within the limit ranks by memory alone. The first moves
+  spend the whole latency budget on whatever saves the most memory, however dearly. unet
+  under 1.10 reached the limit in 4 s and then spent 170 s without finding anything better.
+
+So the search works under a latency cap. States within the cap rank by memory, ahead of every
+state above it, and the cap rises in steps. Cheap savings are found first, and dear ones are
+only tried after them. Each step raises the cap by CAP_STEP of the initial latency. It starts
+one step above the initial latency.
+
+- Memory-limit mode: the cap rises whenever the lowest memory reached within it ("the
+  frontier") is not falling fast enough to reach the limit in the time that is left, at its
+  pace over the last CAP_WINDOW of the budget. Once a state meets the limit, the plain
+  BetterThan order takes over, and the search minimizes latency.
+- Latency-limit mode: the cap sweeps up to the limit in even steps over the first
+  LATENCY_SWEEP of the budget. After that the cap is the limit itself.
+
+Progress is the fraction of the time budget used, or of `max_states` when that is given, so a
 search bounded by states stays deterministic.
 """
 
@@ -21,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from dataclasses import dataclass, field
 
 from magis.search.state import Mode, MState, Objective
@@ -28,6 +41,7 @@ from magis.search.state import Mode, MState, Objective
 CAP_STEP = 0.025  # of the initial latency, per raise
 CAP_WINDOW = 0.1  # of the progress: how far back the frontier's pace is measured
 CAP_LOOKAHEAD = 2  # steps above the cap whose states are still kept (a later raise expands them)
+LATENCY_SWEEP = 0.5  # of the progress: when the latency-limit search's cap reaches the limit
 
 
 @dataclass
@@ -38,9 +52,10 @@ class QueueOrder:
     initial_latency: float
     delta: float
     cap: float = field(init=False)
-    _met: bool = field(default=False, init=False)
+    _done: bool = field(default=False, init=False)  # the cap no longer orders the queue
+    _raises: int = field(default=0, init=False)
     _last_raise: float = field(default=0.0, init=False)
-    _frontier: float = field(default=float("inf"), init=False)
+    _frontier: float = field(default=math.inf, init=False)  # lowest memory within the cap
     _pace: list[tuple[float, float]] = field(
         default_factory=list, init=False
     )  # (progress, frontier)
@@ -48,36 +63,52 @@ class QueueOrder:
 
     def __post_init__(self) -> None:
         self.cap = self.initial_latency * (1 + CAP_STEP)
+        if self._latency_mode and self.cap >= self.objective.limit * (1 - 1e-9):
+            self._done = True  # a limit this tight leaves nothing to sweep
+
+    @property
+    def _latency_mode(self) -> bool:
+        return self.objective.mode is Mode.LATENCY_LIMIT
 
     @property
     def capped(self) -> bool:
-        """Whether the latency cap orders the queue (memory-limit mode, limit not met yet)."""
-        return self.objective.mode is Mode.MEMORY_LIMIT and not self._met
+        """Whether the latency cap orders the queue."""
+        return not self._done
 
     def key(self, s: MState) -> tuple:
-        if not self.capped or self.objective.satisfied(s):
+        if not self.capped:
+            return self.objective.key(s)
+        if self._latency_mode:
+            if not self.objective.satisfied(s):
+                return self.objective.key(s)
+            return (0, s.latency > self.cap, s.memory, s.latency)
+        if self.objective.satisfied(s):
             return self.objective.key(s)
         return (1, s.latency > self.cap, s.memory, s.latency)
 
     def worth_pushing(self, s: MState, best: MState) -> bool:
-        if not self.capped or self.objective.satisfied(s):
+        within_limit = self.objective.satisfied(s)
+        if not self.capped or within_limit != self._latency_mode:
             return self.objective.worth_pushing(s, best, self.delta)
-        if s.latency > self.cap + CAP_LOOKAHEAD * CAP_STEP * self.initial_latency:
-            return False
+        if s.latency > self.cap + CAP_LOOKAHEAD * self._step:
+            # a latency-limit search keeps what Alg. 3 keeps (it is within the limit)
+            return self._latency_mode and self.objective.worth_pushing(s, best, self.delta)
         return s.memory <= self.delta * self._frontier
 
     def observe(self, s: MState, progress: float) -> bool:
-        """Record an evaluated state; True when the cap rose (the queue must be re-keyed)."""
+        """Record an evaluated state; True when the order changed (re-key the queue)."""
         if not self.capped:
             return False
-        if self.objective.satisfied(s):
-            self._met = True
-            return True  # from now on the objective's own order
+        if not self._latency_mode and self.objective.satisfied(s):
+            self._done = True  # from now on the objective's own order
+            return True
+        if self._latency_mode and not self.objective.satisfied(s):
+            return False
         bisect.insort(self._seen, (s.latency, s.memory))
         if s.latency <= self.cap and s.memory < self._frontier:
             self._frontier = s.memory
             self._pace.append((progress, s.memory))
-        if not self._falling_too_slowly(progress):
+        if not self._raise_due(progress):
             return False
         self._raise(progress)
         return True
@@ -86,18 +117,26 @@ class QueueOrder:
         queue[:] = [(self.key(s), t, s, m) for _, t, s, m in queue]
         heapq.heapify(queue)
 
-    def _falling_too_slowly(self, progress: float) -> bool:
+    def _raise_due(self, progress: float) -> bool:
+        if self._latency_mode:
+            left = math.ceil((self.objective.limit - self.cap) / self._step - 1e-9)
+            steps = left + self._raises
+            return progress >= LATENCY_SWEEP * (self._raises + 1) / max(steps, 1)
         if progress - self._last_raise < CAP_WINDOW:
             return False
-        if self._frontier == float("inf"):  # nothing within the cap yet
+        if self._frontier == math.inf:  # nothing within the cap yet
             return True
         then = self._frontier_at(progress - CAP_WINDOW)
         pace = (then - self._frontier) / CAP_WINDOW  # bytes per unit of progress
         needed = self._frontier - self.objective.limit
         return pace * (1 - progress) < needed
 
+    @property
+    def _step(self) -> float:
+        return CAP_STEP * self.initial_latency
+
     def _frontier_at(self, progress: float) -> float:
-        value = float("inf")
+        value = math.inf
         for p, memory in self._pace:
             if p > progress:
                 break
@@ -105,8 +144,12 @@ class QueueOrder:
         return value
 
     def _raise(self, progress: float) -> None:
-        self.cap += CAP_STEP * self.initial_latency
+        self._raises += 1
+        self.cap = self.initial_latency * (1 + CAP_STEP * (self._raises + 1))
         self._last_raise = progress
-        reachable = self._seen[: bisect.bisect_right(self._seen, (self.cap, float("inf")))]
-        self._frontier = min((m for _, m in reachable), default=float("inf"))
+        if self._latency_mode and self.cap >= self.objective.limit * (1 - 1e-9):
+            self._done = True  # the cap is the limit: the objective's own order
+            return
+        reachable = self._seen[: bisect.bisect_right(self._seen, (self.cap, math.inf))]
+        self._frontier = min((m for _, m in reachable), default=math.inf)
         self._pace.append((progress, self._frontier))
