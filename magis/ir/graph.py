@@ -390,6 +390,15 @@ class Graph:
         order = rx.lexicographical_topological_sort(self._dag, key=lambda nid: f"{rank[nid]:09d}")
         return list(order)
 
+    def copy_nodes(self) -> frozenset[int]:
+        """The Store and Load nodes (the copy stream's), once per graph version."""
+        from magis.ir.ops import LOAD_OP, STORE_OP
+
+        def build() -> frozenset[int]:
+            return frozenset(n for n, node in self._nodes.items() if node.op in (STORE_OP, LOAD_OP))
+
+        return self.derived("copy_nodes", build)
+
     def storages(self) -> StorageMap:
         """Storage and alias bookkeeping for the current version (see `StorageMap`)."""
         return self.derived("storages", lambda: StorageMap.build(self))

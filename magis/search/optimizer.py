@@ -51,8 +51,10 @@ class MemoryFigure(enum.Enum):
     ARENA = "arena"
 
 
-def measure_state(graph: Graph, order, cost: CostModel, figure: MemoryFigure) -> SimResult:
-    sim = simulate(graph, order, cost)
+def measure_state(
+    graph: Graph, order, cost: CostModel, figure: MemoryFigure, detail: bool = True
+) -> SimResult:
+    sim = simulate(graph, order, cost, detail)
     if figure is MemoryFigure.ARENA:
         from magis.layout import plan_layout
 
@@ -228,6 +230,8 @@ def optimize_graph(
         improvements.append(
             Improvement(time.perf_counter() - start, best.memory, best.latency, "reschedule")
         )
+    else:  # states are simulated without the report's detail (the peak's breakdown)
+        best = replace(best, sim=measure_state(best.graph, best.order, cost, memory_figure))
     return SearchResult(
         init, best, objective, stats, tuple(improvements), time.perf_counter() - start, interrupted
     )
@@ -247,7 +251,7 @@ def _polish(state: MState, cost: CostModel, timer: _Timer) -> MState:
 
 def _full_schedule(graph: Graph, cost: CostModel) -> list[int]:
     order = list(schedule(graph, "dp").order)
-    if any(graph.info(n).copy_stream for n in graph.ops()):
+    if graph.copy_nodes():
         order = time_swaps(graph, order, cost)
     return order
 
@@ -335,7 +339,7 @@ def _evaluate_fission(
         timer.stats.duplicates += 1
         return None
     seen.add(h.value)
-    sim = timer.run("simulate", measure_state, done.graph, done.order, cost, timer.figure)
+    sim = timer.run("simulate", measure_state, done.graph, done.order, cost, timer.figure, False)
     return replace(
         state,
         graph=done.graph,
@@ -376,7 +380,7 @@ def _evaluate(
         return None
     seen.add(h.value)
     order = timer.run("schedule", _reschedule, state, result, cost)
-    sim = timer.run("simulate", measure_state, result.graph, order, cost, timer.figure)
+    sim = timer.run("simulate", measure_state, result.graph, order, cost, timer.figure, False)
     # Any rule other than an F-Tree mutation ends the lineage's fission moves (module docstring).
     return MState(result.graph, tuple(order), sim, h, (*state.history, rewrite.rule), state.frozen)
 
@@ -399,7 +403,7 @@ def _reschedule(state: MState, result: Rewritten, cost: CostModel) -> list[int]:
             touched_old.update(s for s in result.graph.successors(n) if s in old)
         touched_old = {n for n in touched_old if n in old}
         order = list(incremental_schedule(old, state.order, result.graph, touched_old).order)
-    if any(result.graph.info(n).copy_stream for n in result.graph.ops()):
+    if result.graph.copy_nodes():
         order = time_swaps(result.graph, order, cost)
     return order
 

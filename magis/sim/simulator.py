@@ -58,7 +58,7 @@ class Hotspot:
     op: str
     nbytes: int
     shape: tuple[int, ...]
-    category: Category
+    category: Category | None  # None in a simulation without detail
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class SimResult:
     peak_step: int  # first step at which the peak is reached
     resident_bytes: int
     hotspots: tuple[Hotspot, ...]  # non-resident storages live at a peak step, largest first
-    breakdown: dict[str, int]  # bytes per Category at `peak_step`
+    breakdown: dict[str, int]  # bytes per Category at `peak_step` (empty without detail)
     compute_s: float
     copy_s: float
     host_peak_bytes: int = 0  # stored (swapped-out) bytes at their peak, in host memory
@@ -91,7 +91,6 @@ class _Tables:
     reader_storage: np.ndarray  # (storage index, reader node id) pairs, flattened
     reader_node: np.ndarray
     is_output: np.ndarray
-    category: tuple[Category, ...]
     resident_bytes: int
     resident_by_category: dict[Category, int]
     id_bound: int
@@ -105,7 +104,6 @@ def _tables(graph: Graph) -> _Tables:
 
 def _build_tables(graph: Graph) -> _Tables:
     smap = graph.storages()
-    cats = _categories(graph)
     storages = tuple(s for s in smap.nbytes if s not in smap.resident)
     index = {s: i for i, s in enumerate(storages)}
     rs, rn = [], []
@@ -127,13 +125,23 @@ def _build_tables(graph: Graph) -> _Tables:
         reader_storage=np.array(rs, dtype=np.int64),
         reader_node=np.array(rn, dtype=np.int64),
         is_output=np.array([s in smap.outputs for s in storages], dtype=bool),
-        category=tuple(cats.get(s, Category.TEMPORARIES) for s in storages),
         resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
         resident_by_category=resident_by,
         id_bound=max(graph.nodes, default=-1) + 1,
         host_bytes=np.where(host_mask, sizes, 0),
-        copy_nodes=frozenset(n for n in graph.ops() if graph.info(n).copy_stream),
+        copy_nodes=graph.copy_nodes(),
     )
+
+
+def _storage_categories(graph: Graph) -> tuple[Category, ...]:
+    """The Category of every storage of the tables, in their order (only reports need it:
+    a search's thousands of simulations skip it)."""
+
+    def build() -> tuple[Category, ...]:
+        cats = _categories(graph)
+        return tuple(cats.get(s, Category.TEMPORARIES) for s in _tables(graph).storages)
+
+    return graph.derived("sim.categories", build)
 
 
 def _categories(graph: Graph) -> dict[Ref, Category]:
@@ -201,8 +209,13 @@ def _host_peak(t: _Tables, alloc: np.ndarray, free: np.ndarray, n: int) -> int:
     return int(np.cumsum(diff[:n]).max())
 
 
-def simulate(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) -> SimResult:
-    """Simulate running `graph` in `order` under `cost` (see the module docstring)."""
+def simulate(
+    graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel, detail: bool = True
+) -> SimResult:
+    """Simulate running `graph` in `order` under `cost` (see the module docstring).
+
+    Without `detail`, the breakdown of the peak by category is left empty and hot-spots carry
+    no category: what a search's state needs is the peak, the latency and the hot-spots."""
     t = _tables(graph)
     timeline, alloc, free = memory_timeline(graph, order)
     if len(timeline) == 0:
@@ -210,7 +223,8 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) 
     peak = int(timeline.max())
     peak_steps = np.flatnonzero(timeline == peak)
     latency, compute_s, copy_s = _latency(graph, order, cost)
-    hot = _hotspots(graph, t, alloc, free, peak_steps)
+    cats = _storage_categories(graph) if detail else None
+    hot = _hotspots(graph, t, cats, alloc, free, peak_steps)
     return SimResult(
         order=tuple(order),
         peak_bytes=peak,
@@ -219,14 +233,16 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) 
         peak_step=int(peak_steps[0]),
         resident_bytes=t.resident_bytes,
         hotspots=hot,
-        breakdown=_breakdown(t, alloc, free, int(peak_steps[0])),
+        breakdown=_breakdown(t, cats, alloc, free, int(peak_steps[0])) if detail else {},
         compute_s=compute_s,
         copy_s=copy_s,
         host_peak_bytes=_host_peak(t, alloc, free, len(order)),
     )
 
 
-def _hotspots(graph: Graph, t: _Tables, alloc, free, peak_steps: np.ndarray) -> tuple[Hotspot, ...]:
+def _hotspots(
+    graph: Graph, t: _Tables, cats, alloc, free, peak_steps: np.ndarray
+) -> tuple[Hotspot, ...]:
     idx = np.searchsorted(peak_steps, alloc)
     within = idx < len(peak_steps)
     live = np.zeros(len(alloc), dtype=bool)
@@ -238,16 +254,23 @@ def _hotspots(graph: Graph, t: _Tables, alloc, free, peak_steps: np.ndarray) -> 
         s = t.storages[i]
         node = graph.node(s.node)
         spots.append(
-            Hotspot(s, node.name, node.op, int(t.nbytes[i]), graph.meta(s).shape, t.category[i])
+            Hotspot(
+                s,
+                node.name,
+                node.op,
+                int(t.nbytes[i]),
+                graph.meta(s).shape,
+                cats[i] if cats is not None else None,
+            )
         )
     return tuple(spots)
 
 
-def _breakdown(t: _Tables, alloc, free, step: int) -> dict[str, int]:
+def _breakdown(t: _Tables, cats, alloc, free, step: int) -> dict[str, int]:
     out = {c.value: t.resident_by_category.get(c, 0) for c in Category}
     live = np.flatnonzero((alloc <= step) & (step <= free))
     for i in live:
-        out[t.category[i].value] += int(t.nbytes[i])
+        out[cats[i].value] += int(t.nbytes[i])
     return out
 
 
