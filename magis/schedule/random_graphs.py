@@ -63,7 +63,10 @@ def random_dag(
             values.append(Ref(g.add_op(f"load{i}", LOAD_OP, (Ref(st),), outputs=(g.meta(src),))))
         else:
             values.extend(_random_op(g, rng, values, f"op{i}", p_view, p_multi))
-    ops = [Ref(n) for n in g.ops()]
+    # An update's operand is never a view of a weight: two updates, each reading a view of
+    # what the other writes, would each have to run before the other.
+    smap = g.storages()
+    ops = [Ref(n) for n in g.ops() if smap.base[Ref(n)] not in smap.resident]
     for i, w in enumerate(weights[:n_updates]):
         src = ops[int(rng.integers(len(ops)))] if ops else Ref(w)
         readers = list(g.storages().readers[Ref(w)])
