@@ -90,6 +90,26 @@ class Rule:
     match: Callable[[RuleContext], Iterator[Rewrite]]
 
 
+def node_rewrites(
+    ctx: RuleContext,
+    rule: str,
+    kind: RuleKind,
+    accepts: Callable[[int], bool],
+    describe: Callable[[int], str],
+    build: Callable[[int], Rewritten],
+) -> Iterator[Rewrite]:
+    """One rewrite per node that `accepts` (outside frozen regions), in schedule order, at most
+    `ctx.max_candidates`: the shape of the duals that undo one node's rewrite."""
+    emitted = 0
+    for nid in ctx.order:
+        if emitted >= ctx.max_candidates:
+            return
+        if nid in ctx.frozen or not accepts(nid):
+            continue
+        yield Rewrite(rule, kind, describe(nid), lambda n=nid: build(n))
+        emitted += 1
+
+
 def candidates(rules: Iterable[Rule], ctx: RuleContext) -> Iterator[Rewrite]:
     """Every rule's rewrites, rule by rule (lazy: nothing is built)."""
     for rule in rules:

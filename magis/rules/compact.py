@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from magis.ir import Graph, Ref
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rewrites
 from magis.rules.remat import LateReads, hot_late_reads, merge_into
 
 CLONE = "aten.clone.default"
@@ -87,19 +87,14 @@ def decompact(graph: Graph, nid: int) -> Rewritten:
 
 
 def _match_decompact(ctx: RuleContext) -> Iterator[Rewrite]:
-    emitted = 0
-    for nid in ctx.order:
-        if nid in ctx.frozen or not _is_compaction(ctx.graph, nid):
-            continue
-        yield Rewrite(
-            "decompact",
-            RuleKind.DECOMPACT,
-            f"read {ctx.graph.node(nid).name}'s view again",
-            lambda n=nid: decompact(ctx.graph, n),
-        )
-        emitted += 1
-        if emitted >= ctx.max_candidates:
-            return
+    return node_rewrites(
+        ctx,
+        "decompact",
+        RuleKind.DECOMPACT,
+        lambda n: _is_compaction(ctx.graph, n),
+        lambda n: f"read {ctx.graph.node(n).name}'s view again",
+        lambda n: decompact(ctx.graph, n),
+    )
 
 
 COMPACT = Rule("compact", RuleKind.COMPACT, _match_compact)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rewrites
 from magis.rules.remat import LateReads, hot_late_reads, merge_into, redirect_late_reads
 
 
@@ -59,18 +59,14 @@ def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
 
 
 def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
-    emitted = 0
-    for nid in ctx.order:
-        if ctx.graph.node(nid).op == LOAD_OP and nid not in ctx.frozen:
-            yield Rewrite(
-                "deswap",
-                RuleKind.DESWAP,
-                f"drop the swap of {ctx.graph.node(nid).name}",
-                lambda n=nid: unswap(ctx.graph, n),
-            )
-            emitted += 1
-            if emitted >= ctx.max_candidates:
-                return
+    return node_rewrites(
+        ctx,
+        "deswap",
+        RuleKind.DESWAP,
+        lambda n: ctx.graph.node(n).op == LOAD_OP,
+        lambda n: f"drop the swap of {ctx.graph.node(n).name}",
+        lambda n: unswap(ctx.graph, n),
+    )
 
 
 SWAP = Rule("swap", RuleKind.SWAP, _match_swap)
