@@ -49,3 +49,21 @@ def test_swapped_program_verifies_and_simulator_matches_measurement():
     assert after.peak_bytes == measured.peak_bytes < before.peak_bytes
     assert after.host_peak_bytes == measured.host_peak_bytes == nbytes
     assert after.copy_s > 0
+
+
+def test_copies_overlap_compute_on_a_gpu_but_not_on_a_cpu():
+    """A GPU's copy engines hide a Store/Load behind compute; on the host it is a memcpy by
+    the computing threads, so the roofline's CPU preset adds its whole time."""
+    from magis.cost.roofline import CPU, RooflineModel
+
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    graph = step.graph.copy()
+    order = graph.program_order()
+    gpu = get_cost_model("rtx3090")
+    new_order, _ = _swap_first_far_hotspot(graph, order, simulate(graph, order, gpu))
+    hidden = simulate(graph, new_order, gpu)
+    assert hidden.latency_s < hidden.compute_s + hidden.copy_s
+    cpu = RooflineModel(CPU)
+    assert not cpu.copies_overlap and gpu.copies_overlap
+    serial = simulate(graph, new_order, cpu)
+    assert serial.latency_s == serial.compute_s + serial.copy_s

@@ -189,6 +189,7 @@ class ProfiledCostModel(CostModel):
         self.device = torch.device(device)
         self.name = str(self.device)
         self.views_cost_time = self.device.type == "cpu"
+        self.copies_overlap = self.device.type != "cpu"
         self.warmup = warmup
         self.repeats = repeats
         path = default_cache_path() if cache_path is None else cache_path

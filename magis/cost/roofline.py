@@ -75,6 +75,7 @@ class Hardware:
     sm_count: int  # tiles that run at once
     tile_elems: int = GEMM_TILE_ELEMS
     mem_half_bytes: float | None = None  # n_1/2 of the memory side; None: bandwidth x DRAM latency
+    copy_engine: bool = True  # Store/Load overlap compute (a GPU's copy engines; not a CPU)
 
     @property
     def memory_half(self) -> float:
@@ -133,6 +134,7 @@ CPU = Hardware(
     sm_count=2,
     tile_elems=64 * 64,
     mem_half_bytes=64e3,  # about an L2 cache: smaller ops run from cache at dispatch speed
+    copy_engine=False,
 )
 
 HARDWARE_PRESETS: MappingProxyType[str, Hardware] = MappingProxyType(
@@ -215,6 +217,7 @@ class RooflineModel(CostModel):
         super().__init__()
         self.hardware = hardware
         self.name = hardware.name
+        self.copies_overlap = hardware.copy_engine
 
     def estimate(self, call: OpCall) -> float:
         return roofline_time(self.hardware, call)

@@ -7,7 +7,8 @@ included) plus the resident placeholders. The peak is max_i M_i and the memory h
 storages live at a step where the peak is reached.
 
 Latency: nodes run in schedule order on two streams, compute and copy (Store/Load, §6.2); a node
-starts when its stream is free and its inputs are ready. The host issues work in schedule order,
+starts when its stream is free and its inputs are ready. (On a device without copy engines, a
+CPU, the copies add their time: `CostModel.copies_overlap`.) The host issues work in schedule order,
 so a copy cannot start before the compute op scheduled just ahead of it has started: a Load
 placed right before its user is not hidden, one placed earlier is. Without copy nodes this is
 the sum of the operator times, as in MAGIS's cost(G). Stored tensors live in host memory: they
@@ -282,6 +283,8 @@ def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]
     compute_s = float(times[np.asarray(order, dtype=np.int64)].sum()) - copy_s if order else 0.0
     if not copies:
         return compute_s, compute_s, 0.0
+    if not cost.copies_overlap:  # the copies take the computing threads' time
+        return compute_s + copy_s, compute_s, copy_s
     finish: dict[int, float] = {}
     compute_free = copy_free = issued = 0.0
     for nid in order:
