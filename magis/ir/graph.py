@@ -362,6 +362,12 @@ class Graph:
         """The id the next added node gets (every id in the graph is below it)."""
         return self._next_id
 
+    def added_since(self, parent: Graph) -> frozenset[int]:
+        """Nodes of this graph (a copy of `parent`, then edited) that `parent` lacks: ids are
+        never reused, so they are the ids from `parent.next_id` on, found without a scan of
+        the whole graph (rewrites ask this once per state)."""
+        return frozenset(n for n in range(parent.next_id, self._next_id) if n in self._nodes)
+
     def program_order(self) -> list[int]:
         """Nodes in insertion order: the order the captured program ran them."""
         return list(self._nodes)

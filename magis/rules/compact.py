@@ -47,7 +47,7 @@ def compact(ctx: RuleContext, reads: LateReads) -> Rewritten:
         name = g.node(alias.node).name
         copy = g.add_op(f"{name}_compact", CLONE, (alias,), outputs=(g.meta(alias),))
         changed.update(g.replace_uses(alias, Ref(copy), reads.readers))
-    added = frozenset(n for n in g.nodes if n not in graph)
+    added = g.added_since(graph)
     late = set(reads.readers)
     early = [r for r in graph.storages().readers[reads.storage] if r not in late]
     after = max([pos[r] for r in early] + [pos[a.node] for a in reads.aliases])

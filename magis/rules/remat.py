@@ -118,14 +118,8 @@ def _map_alias(g: Graph, alias: Ref, mapping: dict[Ref, Ref]) -> Ref:
 
 def recompute(graph: Graph, reads: LateReads) -> Rewritten:
     """A new graph where the late readers of `reads.storage` read a recomputed copy of its
-    producer, placed right before the first of them."""
-    g = graph.copy()
-    node = g.node(reads.storage.node)
-    args, kwargs = recompute_call(graph, node.id)
-    twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
-    changed = redirect_late_reads(g, reads, Ref(twin, reads.storage.index))
-    added = frozenset(n for n in g.nodes if n not in graph)
-    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+    producer, placed right before the first of them (a segment of one node)."""
+    return recompute_segment(graph, reads, (reads.storage.node,))
 
 
 MAX_CHAIN = 4  # nodes a segment recomputation may re-run
@@ -191,7 +185,7 @@ def recompute_segment(graph: Graph, reads: LateReads, chain: tuple[int, ...]) ->
         for i in range(len(node.outputs)):
             mapping[Ref(nid, i)] = Ref(twin, i)
     changed = redirect_late_reads(g, reads, mapping[reads.storage])
-    added = frozenset(n for n in g.nodes if n not in graph)
+    added = g.added_since(graph)
     return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
 
 

@@ -26,7 +26,7 @@ def swap(graph: Graph, reads: LateReads) -> Rewritten:
     store = g.add_op(f"{name}_store", STORE_OP, (value,), outputs=(meta,))
     load = g.add_op(f"{name}_load", LOAD_OP, (Ref(store),), outputs=(meta,))
     changed = redirect_late_reads(g, reads, Ref(load))
-    added = frozenset(n for n in g.nodes if n not in graph)
+    added = g.added_since(graph)
     return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
 
 
