@@ -1,5 +1,7 @@
 """The search (Alg. 3): it improves, stays valid, and its best plan runs and verifies."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -106,18 +108,21 @@ def test_continued_fission_materialization_hashes_like_a_fresh_one():
     base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
     _, build = next((d, b) for d, b in fission_moves.moves(tree) if d.split()[0] == "enable")
     parent_tree = build()
-    parent = fission_moves.apply(base, base_order, parent_tree)
+    lineage = fission_moves.Lineage(base, base_order, parent_tree, epoch=0)
+    parent = fission_moves.apply(lineage, parent_tree)
     parent_hash = wl_hash(parent.graph)
     continued = 0
     for _, build in fission_moves.moves(parent_tree):
         child_tree = build()
         try:
-            done = fission_moves.apply(base, base_order, child_tree, parent.materialized)
+            done = fission_moves.apply(
+                replace(lineage, materialized=parent.materialized), child_tree
+            )
         except MagisError:
             continue
         mat = done.materialized
         full = wl_hash(done.graph).value
-        assert full == wl_hash(fission_moves.apply(base, base_order, child_tree).graph).value
+        assert full == wl_hash(fission_moves.apply(lineage, child_tree).graph).value
         if mat.continued:
             continued += 1
             inc = wl_hash_incremental(
@@ -161,7 +166,7 @@ def test_level_moves_split_every_layer_at_once_and_verify():
     description, build = level_moves[0]
     new_tree = build()
     assert len(new_tree.enabled()) >= 2, description
-    done = fission_moves.apply(base, base_order, new_tree)
+    done = fission_moves.apply(fission_moves.Lineage(base, base_order, new_tree, epoch=0), new_tree)
     program = compile_program(done.graph, done.order)
     inputs = step.make_inputs()
     check = verify(step, program, inputs)
@@ -181,8 +186,41 @@ def test_direct_moves_enable_an_inner_tree_node_at_once_and_verify():
     new_tree = build()
     index = int(description.split()[1])
     assert new_tree.enabled() == [index] and tree.children(index)
-    done = fission_moves.apply(base, base_order, new_tree)
+    done = fission_moves.apply(fission_moves.Lineage(base, base_order, new_tree, epoch=0), new_tree)
     program = compile_program(done.graph, done.order)
     inputs = step.make_inputs()
     check = verify(step, program, inputs)
     assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
+
+
+def test_reanalysis_splits_hot_entries_and_its_plans_verify():
+    """Re-analysis (Alg. 3's F-Tree rebuild on a later state) keeps the state's schedule and
+    offers hot dominators split together with their sub-graph; such splits execute and match
+    eager PyTorch."""
+    from magis.search import fission_moves
+    from magis.search.optimizer import initial_state
+
+    _, step = workload_step("unet:tiny", dtype=torch.float64)
+    cost = get_cost_model("rtx3090")
+    state = initial_state(step.graph, cost, fission=False)
+    reanalysis = fission_moves.Reanalysis(max_level=4)
+    lineage = reanalysis.lineage(
+        state.graph, state.order, state.sim.hotspots, frozenset(), elapsed=1e9
+    )
+    assert lineage is not None and lineage.epoch == 1
+    assert (
+        reanalysis.lineage(state.graph, state.order, state.sim.hotspots, frozenset(), elapsed=1e9)
+        is None
+    ), "the same hot-spots are analysed once"
+    entries = [i for i, x in enumerate(lineage.tree.nodes) if x.dominator in x.ftrans.nodes]
+    assert entries, "no hot dominator offered with its sub-graph"
+    verified = 0
+    for i in entries[:3]:
+        tree = lineage.tree.with_n(i, lineage.tree.nodes[i].divisors()[0])
+        done = fission_moves.apply(lineage, tree)
+        program = compile_program(done.graph, done.order)
+        inputs = step.make_inputs()
+        check = verify(step, program, inputs)
+        assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
+        verified += 1
+    assert verified

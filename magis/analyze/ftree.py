@@ -200,11 +200,13 @@ def build_ftree(
     n: int = 2,
     hotspots: Iterable[Ref] | None = None,
     order: list[int] | None = None,
+    hot_entries: bool = False,
 ) -> FTree:
     """Algorithm 1: the F-Tree of `graph` with max-level L = `max_level`.
 
     `hotspots` are H (default: the storages live at the peak of `order`, program order by
-    default); `n` is the fission number the score assumes (the paper's n = 2).
+    default); `n` is the fission number the score assumes (the paper's n = 2); `hot_entries`
+    also offers hot dominators split with their sub-graph (see `_candidates`).
     """
     hot = frozenset(hotspots) if hotspots is not None else memory_hotspots(graph, order)
     hot_nodes = {s.node for s in hot}
@@ -216,17 +218,26 @@ def build_ftree(
         if not hot_nodes.intersection(nodes):
             continue  # heat 0 everywhere: s_max <= 0 (line 8)
         label = _dim_label(graph, dg, int(verts[0]))
-        found.extend(_candidates(graph, c, nodes, hot, max_level, n, label, rejected))
+        found.extend(_candidates(graph, c, nodes, hot, max_level, n, label, rejected, hot_entries))
     return FTree(_nest(found), tuple(rejected))
 
 
-def _candidates(graph, c, nodes, hot, max_level, n, label, rejected) -> list[FTreeNode]:
-    """Lines 4-15 of Algorithm 1 for one component."""
+def _candidates(
+    graph, c, nodes, hot, max_level, n, label, rejected, hot_entries
+) -> list[FTreeNode]:
+    """Lines 4-15 of Algorithm 1 for one component.
+
+    With `hot_entries` (our extension, used when the search re-analyses a state), beside S = T.des(v_dom) \\ {v_dom}, a dominator that itself allocates a hot-spot also offers
+    S ∪ {v_dom}: its heat counts that hot-spot, which only splitting v_dom itself reduces. In a
+    backward pass the largest tensors are often such entries — a convolution's input gradient
+    read by a short chain (padding's and upsampling's backward) — and the open S leaves them
+    whole. (Alone, v_dom would be split only to be concatenated again: no saving.)"""
     tree = dominator_tree(graph, nodes)
     sc = get_scores(graph, tree, hot, n)
     s_max = float(sc.score.max()) if tree.size else 0.0
     if s_max <= 0:
         return []
+    hot_nodes = {s.node for s in hot}
     out = []
     for i in range(1, max_level + 1):
         band = (sc.score / s_max >= i / max_level) & (sc.score / s_max < (i + 1) / max_level)
@@ -234,21 +245,38 @@ def _candidates(graph, c, nodes, hot, max_level, n, label, rejected) -> list[FTr
             dom = int(tree.nodes[t])
             S = [int(v) for v in tree.nodes[t + 1 : tree.tout[t] + 1]]
             S = [v for v in S if not graph.node(v).is_placeholder]  # inputs are never split
-            if not S:
-                continue
-            f = split_of_component(graph, S, c)
-            info = check(graph, f) if not isinstance(f, Rejected) else f
-            if not isinstance(info, Rejected) and info.length % n:
-                info = Rejected(f"the score's n = {n} does not divide the length {info.length}")
-            if isinstance(info, Rejected):
-                rejected.append((_name(graph, dom), info.reason))
-                continue
-            out.append(
-                FTreeNode(
-                    f, info.length, None, c, label, dom, i, float(sc.score[t]), float(sc.heat[t])
+            options = [S] if S else []
+            entry = hot_entries and dom != VIRTUAL and dom in hot_nodes
+            if S and entry and not graph.node(dom).is_placeholder:
+                options.append([dom, *S])
+            for members in options:
+                info = _checked(graph, members, c, n)
+                if isinstance(info, Rejected):
+                    rejected.append((_name(graph, dom), info.reason))
+                    continue
+                out.append(
+                    FTreeNode(
+                        info.ftrans,
+                        info.length,
+                        None,
+                        c,
+                        label,
+                        dom,
+                        i,
+                        float(sc.score[t]),
+                        float(sc.heat[t]),
+                    )
                 )
-            )
     return out
+
+
+def _checked(graph: Graph, members: list[int], c: int, n: int):
+    """The F-Trans splitting `members` along component c, checked, or why it is rejected."""
+    f = split_of_component(graph, members, c)
+    info = check(graph, f) if not isinstance(f, Rejected) else f
+    if not isinstance(info, Rejected) and info.length % n:
+        info = Rejected(f"the score's n = {n} does not divide the length {info.length}")
+    return info
 
 
 def _lowest(tree: DomTree, band: np.ndarray) -> list[int]:

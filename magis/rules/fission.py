@@ -208,11 +208,12 @@ _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "ful
 _NLL = ("nll_loss_forward", "nll_loss2d_forward")
 
 
-def prepare(graph: Graph) -> Graph:
+def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
     """The graph with `*_like` creations detached and mean NLL losses split into sum / count
-    (see the module docstring); program order and placeholders are kept."""
+    (see the module docstring); placeholders are kept, and the program order is `order`
+    (default: the graph's own)."""
     rb = GraphRebuilder(graph)
-    for nid in graph.program_order():
+    for nid in graph.program_order() if order is None else order:
         node = graph.node(nid)
         base = _base_name(node.op)
         if base in _LIKE and not node.is_placeholder and node.writes_into is None:

@@ -1,19 +1,22 @@
 """F-Tree mutations as search moves (MAGIS §5.1, Fig. 7, inside Alg. 3).
 
-The F-Tree is built once on the initial graph (Analyze, Alg. 1). While a lineage of states has
-seen only F-Tree mutations, its graph is the base graph with the tree's enabled nodes
-materialized (magis.rules.fission), so enable, lift, disable and mutate are exact: each one
-re-materializes from the base. Nodes inside materialized regions are frozen — no other rule
-matches across an enabled region's boundary (§3) — and the first non-fission rule applied ends
-the lineage's F-Tree moves (re-analysis per state would cost seconds on LLM graphs).
+An F-Tree is built on the initial graph (Analyze, Alg. 1), and again on later states (the
+optimizer decides which: re-analysis). While a lineage of states has seen only F-Tree
+mutations since its analysis, its graph is the analysed (base) graph with the tree's enabled
+nodes materialized (magis.rules.fission), so enable, lift, disable and mutate are exact: each
+one re-materializes from the base. Nodes inside materialized regions are frozen — no other
+rule matches across an enabled region's boundary (§3) — and the first non-fission rule applied
+ends the lineage (re-analysing every state would cost seconds per state on LLM graphs).
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from magis.analyze.ftree import build_ftree
+from magis.analyze.ftree import FTree, build_ftree
 from magis.errors import MagisError
 from magis.ir import Graph
 from magis.rules.fission import (
@@ -29,10 +32,20 @@ from magis.rules.fission import candidates as ftree_candidates
 
 
 @dataclass(frozen=True)
-class FissionMove:
-    description: str
-    tree: object  # the mutated FTree (built lazily by the caller through `build`)
-    build: object
+class Lineage:
+    """What a state's F-Tree moves start from: the analysed graph, its schedule, its F-Tree,
+    and how the state's graph was materialized from them.
+
+    A re-analysis (epoch > 0) offers each state only its `REANALYSIS_MOVES` most promising
+    mutations: every F-Tree move materializes and hashes a whole graph, and on unetpp a
+    lineage per improvement, each offering all its moves, took 1,100 of 1,500 states in 60 s."""
+
+    base: Graph
+    base_order: tuple[int, ...]
+    tree: FTree
+    epoch: int  # which analysis built the tree: trees of different analyses share indices
+    base_frozen: frozenset[int] = frozenset()  # regions an earlier lineage split
+    materialized: Materialized | None = None
 
 
 @dataclass(frozen=True)
@@ -40,21 +53,32 @@ class Fissioned:
     graph: Graph
     order: list[int]
     frozen: frozenset[int]
-    tree: object
+    tree: FTree
     materialized: Materialized
 
 
-def analyze(graph: Graph, order: list[int], max_level: int = 4, naive_seed: int | None = None):
-    """(prepared base graph, its order, F-Tree) for the initial state, or None when the graph
-    offers no fission (an unprepared graph, or nothing hot is splittable).
+def analyze(
+    graph: Graph,
+    order: list[int],
+    max_level: int = 4,
+    naive_seed: int | None = None,
+    reanalysis: bool = False,
+):
+    """(prepared base graph, its order, F-Tree) for a state, or None when the graph offers no
+    fission (an unprepared graph, or nothing hot is splittable).
+
+    The initial state's base is ordered topologically. A `reanalysis` keeps `order`, the
+    state's schedule (where re-materializations and Loads were placed matters), and offers hot
+    dominators split with their sub-graphs (`build_ftree`'s `hot_entries`): by then the peak
+    is often an input gradient whose readers alone are not worth splitting.
 
     `naive_seed` set builds the ablation's naive F-Tree instead of Alg. 1 (MAGIS §7.2.5,
     "naive-fission": valid sub-graphs and dimensions picked at random, heuristic H1 off)."""
     try:
-        base = prepare(graph)
-        base_order = base.topological_order()
+        base = prepare(graph, order)
+        base_order = base.program_order() if reanalysis else base.topological_order()
         if naive_seed is None:
-            tree = build_ftree(base, max_level=max_level, order=base_order)
+            tree = build_ftree(base, max_level, order=base_order, hot_entries=reanalysis)
         else:
             from magis.analyze.naive import naive_ftree
 
@@ -66,13 +90,54 @@ def analyze(graph: Graph, order: list[int], max_level: int = 4, naive_seed: int 
     return base, tuple(base_order), tree
 
 
+@dataclass
+class Reanalysis:
+    """Analyze (Alg. 1) again on states the search reaches (Alg. 3: "if rules touched
+    un-fissioned regions, rebuild the F-Tree").
+
+    After re-materialization, swapping and compaction the peak moves, often into the backward
+    pass, where other tensors are hot: U-Net's input gradients of its up-convolutions, which the
+    initial F-Tree (built around the forward activations) does not cover. The search offers
+    the best state for re-analysis when it pops it; an analysis runs when the state's hot-spots
+    differ from every set analysed before and analysis has taken at most `share` of the time so
+    far (an LLM graph's analysis costs seconds, a CNN's tens of milliseconds)."""
+
+    max_level: int
+    share: float = 0.1
+    spent: float = 0.0
+    epochs: int = 0
+    analysed: set[frozenset] = field(default_factory=set)
+
+    def lineage(self, graph: Graph, order, hotspots, frozen, elapsed: float) -> Lineage | None:
+        """A new lineage for the state (graph, order), or None when none is due or found."""
+        key = frozenset(h.storage for h in hotspots)
+        if self.spent > self.share * elapsed or key in self.analysed:
+            return None
+        self.analysed.add(key)
+        start = time.perf_counter()
+        try:
+            found = analyze(graph, list(order), self.max_level, reanalysis=True)
+        finally:
+            self.spent += time.perf_counter() - start
+        if found is None:
+            return None
+        self.epochs += 1
+        base, base_order, tree = found
+        return Lineage(base, base_order, tree, self.epochs, frozen)
+
+
 _RULE_RANK = {"enable": 0, "mutate": 1, "lift": 2, "disable": 3}
 
 
-def moves(tree) -> Iterator[tuple[str, object]]:
-    """Lazy (description, build-new-tree) pairs: every applicable F-Tree mutation, the most
-    promising first — enabling and splitting further before lifting or disabling, and within a
-    kind the tree-nodes of highest score (Eq. 4: the peak reduction an F-Trans promises)."""
+def moves(tree, limit: int | None = None) -> Iterator[tuple[str, object]]:
+    """Lazy (description, build-new-tree) pairs: every applicable F-Tree mutation (at most
+    `limit`), the most promising first — enabling and splitting further before lifting or
+    disabling, and within a kind the tree-nodes of highest score (Eq. 4: the peak reduction an
+    F-Trans promises)."""
+    yield from itertools.islice(_all_moves(tree), limit)
+
+
+def _all_moves(tree) -> Iterator[tuple[str, object]]:
 
     def rank(cand) -> tuple:
         kind, index = cand.description.split()
@@ -84,6 +149,7 @@ def moves(tree) -> Iterator[tuple[str, object]]:
         yield cand.description, cand.build
 
 
+REANALYSIS_MOVES = 4
 DIRECT_MOVES = 3  # highest-score tree-nodes offered as one-step enables
 
 
@@ -128,11 +194,12 @@ def _apply_all(tree, rule, nodes: tuple[int, ...]):
     return tree
 
 
-def apply(base: Graph, base_order, tree, reuse: Materialized | None = None) -> Fissioned:
-    """Materialize `tree`'s enabled nodes on `base` (continuing `reuse`, the parent state's
-    materialization, where it can); the copies are frozen."""
-    mat = materialize(base, tree, list(base_order), reuse)
-    frozen = frozenset()
+def apply(lineage: Lineage, tree: FTree) -> Fissioned:
+    """Materialize `tree`'s enabled nodes on the lineage's base (continuing the parent state's
+    materialization where it can); the copies are frozen, and so are the base's frozen nodes
+    that remain."""
+    mat = materialize(lineage.base, tree, list(lineage.base_order), lineage.materialized)
+    frozen = frozenset(v for v in lineage.base_frozen if v in mat.graph)
     for t in mat.applied:
         for v, _ in tree.nodes[t].ftrans.split:
             frozen |= frozenset(mat.ids.get(v, ()))

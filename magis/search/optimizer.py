@@ -134,7 +134,7 @@ def initial_state(
     if analysis is None:
         return state
     base, base_order, tree = analysis
-    return replace(state, ftree=tree, fission_base=base, fission_base_order=base_order)
+    return replace(state, fission=fission_moves.Lineage(base, base_order, tree, epoch=0))
 
 
 def optimize_graph(
@@ -174,6 +174,8 @@ def optimize_graph(
     queue: list = [(ranking.key(init), next(tie), init, None)]
     seen = {init.hash.value}
     seen_trees: set = set()
+    reanalysis = fission_moves.Reanalysis(max_level)
+    reanalyse = fission and naive_fission_seed is None
     interrupted = False
 
     def out_of_time() -> bool:
@@ -189,6 +191,18 @@ def optimize_graph(
     try:
         while queue and not out_of_time():
             _, _, state, moves = heapq.heappop(queue)
+            if moves is None and reanalyse and state is best and state.fission is None:
+                lineage = timer.run(
+                    "transform",
+                    reanalysis.lineage,
+                    state.graph,
+                    state.order,
+                    state.sim.hotspots,
+                    state.frozen,
+                    time.perf_counter() - start,
+                )
+                state = state if lineage is None else replace(state, fission=lineage)
+                best = state if lineage is not None else best
             if moves is None:
                 ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, hotspots_only)
                 moves = _moves(state, rules, ctx, cost, seen, seen_trees, timer)
@@ -262,7 +276,7 @@ def _moves(
     """(rule name, lazy child) pairs: F-Tree mutations (while the lineage allows them), then
     every rule's rewrites taken in turn, so the first moves tried cover every kind."""
     streams = []
-    if state.ftree is not None:
+    if state.fission is not None:
         streams.append(
             (
                 "fission:" + description.split()[0],
@@ -270,7 +284,10 @@ def _moves(
                     state, b, "fission:" + d.split()[0], cost, seen, seen_trees, timer
                 ),
             )
-            for description, build_tree in fission_moves.moves(state.ftree)
+            for description, build_tree in fission_moves.moves(
+                state.fission.tree,
+                fission_moves.REANALYSIS_MOVES if state.fission.epoch else None,
+            )
         )
     others = [
         ((rw.rule, lambda r=rw: _evaluate(state, r, cost, seen, timer)) for rw in rule.match(ctx))
@@ -302,28 +319,22 @@ def _evaluate_fission(
     timer: _Timer,
 ):
     """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
-    hierarchical schedule (each enabled region's parts one after the other). Trees already
-    materialized (the same enabled nodes with the same n, reached by another path) are skipped
-    before the expensive materialization."""
+    hierarchical schedule (each enabled region's parts one after the other), with Store/Load
+    re-timed. Trees already materialized (the same enabled nodes with the same n, reached by
+    another path) are skipped before the expensive materialization."""
+    lineage = state.fission
     tree = timer.run("transform", build_tree)
-    tree_key = tuple((i, x.ftrans) for i, x in enumerate(tree.nodes) if x.enabled)
+    tree_key = (lineage.epoch, *((i, x.ftrans) for i, x in enumerate(tree.nodes) if x.enabled))
     if tree_key in seen_trees:
         timer.stats.duplicates += 1
         return None
     seen_trees.add(tree_key)
     try:
-        done = timer.run(
-            "transform",
-            fission_moves.apply,
-            state.fission_base,
-            state.fission_base_order,
-            tree,
-            state.materialized,
-        )
+        done = timer.run("transform", fission_moves.apply, lineage, tree)
     except MagisError:
         return None
     mat = done.materialized
-    if mat.continued and state.materialized is not None:  # state.graph is what it continued
+    if mat.continued and lineage.materialized is not None:  # state.graph is what it continued
         h = timer.run(
             "hash",
             wl_hash_incremental,
@@ -339,17 +350,19 @@ def _evaluate_fission(
         timer.stats.duplicates += 1
         return None
     seen.add(h.value)
-    sim = timer.run("simulate", measure_state, done.graph, done.order, cost, timer.figure, False)
+    order = done.order
+    if done.graph.copy_nodes():
+        order = timer.run("schedule", time_swaps, done.graph, order, cost)
+    sim = timer.run("simulate", measure_state, done.graph, order, cost, timer.figure, False)
     return replace(
         state,
         graph=done.graph,
-        order=tuple(done.order),
+        order=tuple(order),
         sim=sim,
         hash=h,
         history=(*state.history, name),
         frozen=done.frozen,
-        ftree=tree,
-        materialized=done.materialized,
+        fission=replace(lineage, tree=tree, materialized=done.materialized),
     )
 
 

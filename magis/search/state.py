@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from magis.ir import Graph
+from magis.search.fission_moves import Lineage
 from magis.search.hashing import GraphHash
 from magis.sim import SimResult
 
@@ -25,13 +26,10 @@ class MState:
     hash: GraphHash = field(repr=False)
     history: tuple[str, ...] = ()  # rule names applied, oldest first
     frozen: frozenset[int] = frozenset()  # nodes of enabled F-Tree regions
-    # The F-Tree and the graph it was built on, while every rule applied so far was an F-Tree
-    # mutation: then `graph` is `fission_base` with the tree's enabled nodes materialized, and
-    # a mutation re-materializes from the base. Any other rule ends this (see optimizer.py).
-    ftree: object | None = field(default=None, repr=False)
-    fission_base: Graph | None = field(default=None, repr=False)
-    fission_base_order: tuple[int, ...] | None = field(default=None, repr=False)
-    materialized: object | None = field(default=None, repr=False)  # how `graph` was made
+    # The F-Tree and the graph it was built on, while every rule applied since the analysis
+    # was an F-Tree mutation: then `graph` is the lineage's base with the tree's enabled nodes
+    # materialized, and a mutation re-materializes from the base. Any other rule ends this.
+    fission: Lineage | None = field(default=None, repr=False)
 
     @property
     def memory(self) -> int:
