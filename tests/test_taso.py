@@ -1,5 +1,7 @@
 """TASO rules, checked the TASO way: the rewritten program on random inputs equals eager PyTorch."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,8 +14,10 @@ from magis.rules.taso import (
     FACTOR,
     FOLD_SLICE_OF_CAT,
     MERGE_CONV_BACKWARD,
+    MERGE_CONV_OUTPUT,
     MERGE_MATMUL,
     SPLIT_CONV_BACKWARD,
+    SPLIT_CONV_OUTPUT,
     SPLIT_MATMUL,
 )
 from magis.search.hashing import wl_hash, wl_hash_incremental
@@ -158,3 +162,23 @@ def test_split_strided_conv_backward_puts_the_dropped_rows_back(size):
     ((res, _),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
     dgrad = max(res.added)  # made after wgrad
     assert res.graph.node(dgrad).args[7] == [1 - size % 2] * 2
+
+
+def test_split_conv_output_by_its_channel_slices_and_merge_back():
+    """U-Net++'s concatenations: the input gradient of a convolution over a concatenation is
+    read in channel slices. Split by them, no convolution allocates the whole gradient; every
+    split verifies against eager PyTorch, and the dual gives back the original graph."""
+    step = workload_step("unetpp:tiny", dtype=torch.float64)[1]
+    ((split, order),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
+    dgrads = replace(step, graph=split.graph)
+    results = _apply_and_verify(dgrads, SPLIT_CONV_OUTPUT, order, expect_at_least=4)
+    for res, new_order in results:
+        (whole,) = [n for n in res.removed if split.graph.node(n).op == "aten.convolution.default"]
+        pieces = [n for n in res.added if res.graph.node(n).op == "aten.convolution.default"]
+        assert len(pieces) >= 2
+        widths = [res.graph.node(p).outputs[0].shape[1] for p in pieces]
+        assert sum(widths) == split.graph.node(whole).outputs[0].shape[1] > max(widths)
+        ((back, _),) = _apply_and_verify(
+            replace(step, graph=res.graph), MERGE_CONV_OUTPUT, new_order
+        )
+        assert wl_hash(back.graph).value == wl_hash(split.graph).value

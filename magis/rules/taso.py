@@ -14,6 +14,10 @@
   freedom already, because its linear layers' dgrad and wgrad are separate `mm`s. A CNN's
   backward gets it from this rule, at no extra work: a GPU library launches the two as
   separate kernels anyway. The dual merges such a pair back.
+- A convolution by concatenated weights is the concatenation of the convolutions by each
+  (TASO's conv/concat identity, on output channels): a convolution whose output is read only
+  in channel slices — the input gradient of a convolution over a concatenation, U-Net's skip
+  connections — becomes one convolution per slice. The dual merges them back.
 
 Each rule is checked the TASO way (thesis §3.4): by running the rewritten program on random
 inputs and comparing with the original (tests/test_taso.py).
@@ -534,6 +538,182 @@ def _match_merge_conv_backward(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
+# --- a convolution whose output channels are read in slices ------------------------------------
+
+
+def _conv_weight_out_dim(graph: Graph, nid: int) -> int | None:
+    """The weight dimension that indexes `nid`'s output channels (0 for a convolution, 1 for
+    a transposed one), or None for a grouped convolution (its channels interleave groups)."""
+    node = graph.node(nid)
+    if node.op != CONVOLUTION or len(node.args) != 9 or node.kwargs or node.args[8] != 1:
+        return None
+    return 1 if node.args[6] else 0
+
+
+def _channel_slice(graph: Graph, nid: int) -> tuple[int, int] | None:
+    """(start, end) of a unit-step slice along dim 1, or None."""
+    node = graph.node(nid)
+    if node.op != SLICE or len(node.args) < 4 or node.kwargs or node.args[1] != 1:
+        return None
+    if (node.args[4] if len(node.args) > 4 else 1) != 1:
+        return None
+    return node.args[2], node.args[3]
+
+
+def channel_sliced_conv(graph: Graph, nid: int) -> list[tuple[int, int, int]] | None:
+    """(slice node, start, end) for each reader of convolution `nid` when every reader is a
+    channel slice and the slices partition the channels (a concatenation's backward reads an
+    input gradient so), at least two of them; else None."""
+    if _conv_weight_out_dim(graph, nid) is None or Ref(nid) in graph.outputs:
+        return None
+    users = graph.users(nid)
+    bounds = [(u, *b) for u in users if (b := _channel_slice(graph, u)) is not None]
+    if len(bounds) < 2 or len(bounds) != len(users):
+        return None
+    bounds.sort(key=lambda x: x[1])
+    edges = [0] + [b[2] for b in bounds]
+    if [b[1] for b in bounds] != edges[:-1] or edges[-1] != graph.meta(Ref(nid)).shape[1]:
+        return None
+    return bounds
+
+
+def _slice_meta(meta: TensorMeta, dim: int, start: int, end: int) -> TensorMeta:
+    shape = list(meta.shape)
+    shape[dim] = end - start
+    return TensorMeta(tuple(shape), meta.dtype, meta.itemsize)
+
+
+def _add_slice(g: Graph, name: str, ref: Ref, dim: int, start: int, end: int) -> Ref:
+    out = _slice_meta(g.meta(ref), dim, start, end)
+    return Ref(g.add_op(name, SLICE, (ref, dim, start, end), outputs=(out,)))
+
+
+def split_conv_output(graph: Graph, nid: int) -> Rewritten:
+    """conv(x, [W_1 .. W_k]) = [conv(x, W_1) .. conv(x, W_k)] along the output channels (a
+    TASO substitution): each channel slice of the output becomes a convolution by that slice
+    of the weight (and bias). The concatenated gradient of U-Net's skip connections then never
+    exists whole; each piece is computed when its reader runs (the scheduler places them)."""
+    g = graph.copy()
+    node = g.node(nid)
+    x, w, bias, *geometry = node.args
+    wdim = _conv_weight_out_dim(g, nid)
+    added, changed, places = [], set(), []
+    for s, start, end in channel_sliced_conv(g, nid):
+        name = g.node(s).name
+        ws = _add_slice(g, f"{name}_weight", w, wdim, start, end)
+        bs = None if bias is None else _add_slice(g, f"{name}_bias", bias, 0, start, end)
+        conv = g.add_op(
+            f"{name}_conv", CONVOLUTION, (x, ws, bs, *geometry), outputs=(g.meta(Ref(s)),)
+        )
+        piece = (ws.node, *([bs.node] if bs is not None else []), conv)
+        added += piece
+        readers = g.replace_uses(Ref(s), Ref(conv))
+        changed.update(readers)
+        places.append((tuple(readers), piece))  # each piece right before its first reader
+        g.remove_node(s)
+    removed = {nid, *(s for s, _, _ in channel_sliced_conv(graph, nid))}
+    g.remove_node(nid)
+    return Rewritten(
+        g,
+        frozenset(added),
+        frozenset(changed - removed),
+        frozenset(removed),
+        in_place_of=tuple(places),
+    )
+
+
+def sliced_weight_convs(graph: Graph, order, frozen=frozenset()) -> list[list[int]]:
+    """Groups of convolutions that `split_conv_output` made: the same input and geometry,
+    weights (and biases) that are channel slices partitioning one weight, in channel order."""
+    groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for nid in order:
+        wdim = _conv_weight_out_dim(graph, nid)
+        if wdim is None or nid in frozen:
+            continue
+        x, w, bias, *geometry = graph.node(nid).args
+        wnode = graph.node(w.node)
+        if wnode.op != SLICE or len(wnode.args) != 4 or wnode.args[1] != wdim:
+            continue
+        bias_src = None
+        if bias is not None:
+            bnode = graph.node(bias.node)
+            if bnode.op != SLICE or tuple(bnode.args[1:]) != (0, *wnode.args[2:4]):
+                continue
+            bias_src = bnode.args[0]
+        key = (x, wnode.args[0], bias_src, repr(geometry))
+        groups[key].append((wnode.args[2], nid))
+    out = []
+    for (_, w, _, _), members in groups.items():
+        members.sort()
+        ends = [graph.node(graph.node(n).args[1].node).args[3] for _, n in members]
+        starts = [s for s, _ in members]
+        wdim = _conv_weight_out_dim(graph, members[0][1])
+        full = graph.meta(w).shape[wdim]
+        if len(members) >= 2 and starts == [0, *ends[:-1]] and ends[-1] == full:
+            out.append([n for _, n in members])
+    return out
+
+
+def merge_conv_output(graph: Graph, convs: list[int]) -> Rewritten:
+    """The dual: convolutions by channel slices of one weight, of the same input, become one
+    convolution whose output the old readers read in slices."""
+    g = graph.copy()
+    first = g.node(convs[0])
+    x, ws, bs, *geometry = first.args
+    w = g.node(ws.node).args[0]
+    bias = None if bs is None else g.node(bs.node).args[0]
+    shape = list(first.outputs[0].shape)
+    shape[1] = sum(g.node(c).outputs[0].shape[1] for c in convs)
+    out = TensorMeta(tuple(shape), first.outputs[0].dtype, first.outputs[0].itemsize)
+    name = first.name.removesuffix("_conv")
+    merged = g.add_op(f"{name}_merged", CONVOLUTION, (x, w, bias, *geometry), outputs=(out,))
+    added, changed, removed = [merged], set(), set()
+    olds = tuple(
+        c for conv in convs for c in (conv, *(r.node for r in g.node(conv).args[1:3] if r))
+    )
+    for c in convs:
+        node = g.node(c)
+        start, end = g.node(node.args[1].node).args[2:4]
+        piece = _add_slice(g, node.name.removesuffix("_conv"), Ref(merged), 1, start, end)
+        added.append(piece.node)
+        changed.update(g.replace_uses(Ref(c), piece))
+        weight_views = [r.node for r in node.args[1:3] if r is not None]
+        g.remove_node(c)
+        removed.add(c)
+        for v in weight_views:
+            if not g.users(v):
+                g.remove_node(v)
+                removed.add(v)
+    return Rewritten(
+        g,
+        frozenset(added),
+        frozenset(changed - removed),
+        frozenset(removed),
+        in_place_of=((olds, tuple(added)),),  # where the first piece (or its weight view) ran
+    )
+
+
+def _match_split_conv_output(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in _largest_first(ctx, CONVOLUTION):
+        if nid not in ctx.frozen and channel_sliced_conv(ctx.graph, nid) is not None:
+            yield Rewrite(
+                "split_conv_output",
+                RuleKind.TASO,
+                f"split {ctx.graph.node(nid).name} by its channel slices",
+                lambda n=nid: split_conv_output(ctx.graph, n),
+            )
+
+
+def _match_merge_conv_output(ctx: RuleContext) -> Iterator[Rewrite]:
+    for convs in sliced_weight_convs(ctx.graph, ctx.order, ctx.frozen):
+        yield Rewrite(
+            "merge_conv_output",
+            RuleKind.TASO,
+            f"merge {len(convs)} convolutions by slices of one weight",
+            lambda c=convs: merge_conv_output(ctx.graph, c),
+        )
+
+
 MERGE_MATMUL = Rule("merge_matmul", RuleKind.TASO, _match_merge)
 SPLIT_MATMUL = Rule("split_matmul", RuleKind.TASO, _match_split)
 FOLD_SLICE_OF_CAT = Rule("fold_slice_of_cat", RuleKind.TASO, _match_fold)
@@ -541,6 +721,8 @@ FACTOR = Rule("factor", RuleKind.TASO, _match_factor)
 EXPAND = Rule("expand", RuleKind.TASO, _match_expand)
 SPLIT_CONV_BACKWARD = Rule("split_conv_backward", RuleKind.TASO, _match_split_conv_backward)
 MERGE_CONV_BACKWARD = Rule("merge_conv_backward", RuleKind.TASO, _match_merge_conv_backward)
+SPLIT_CONV_OUTPUT = Rule("split_conv_output", RuleKind.TASO, _match_split_conv_output)
+MERGE_CONV_OUTPUT = Rule("merge_conv_output", RuleKind.TASO, _match_merge_conv_output)
 TASO_RULES = (
     MERGE_MATMUL,
     SPLIT_MATMUL,
@@ -549,4 +731,6 @@ TASO_RULES = (
     EXPAND,
     SPLIT_CONV_BACKWARD,
     MERGE_CONV_BACKWARD,
+    SPLIT_CONV_OUTPUT,
+    MERGE_CONV_OUTPUT,
 )

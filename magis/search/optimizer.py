@@ -446,7 +446,7 @@ def _valid_around(graph: Graph, order: list[int], nodes) -> bool:
 
 def _place_in_place_of(old_order, result: Rewritten) -> list[int] | None:
     """The old order with each group of new nodes where the first of the nodes it replaces
-    ran; None when that order is not valid (then Alg. 2 re-orders)."""
+    ran (then `_defer_writers`); None when that order is not valid (then Alg. 2 re-orders)."""
     pos = {n: i for i, n in enumerate(old_order)}
     spots = {min(olds, key=pos.__getitem__): news for olds, news in result.in_place_of}
     order = []
@@ -454,25 +454,40 @@ def _place_in_place_of(old_order, result: Rewritten) -> list[int] | None:
         order.extend(spots.get(n, ()))
         if n not in result.removed:
             order.append(n)
-    return order if _valid_around(result.graph, order, result.touched) else None
+    order, moved = _defer_writers(result.graph, order, result.added)
+    return order if _valid_around(result.graph, order, [*result.touched, *moved]) else None
 
 
 def _place_at_anchor(old_order, result: Rewritten) -> list[int] | None:
-    """The old order with the added nodes right before the anchor; an in-place update the added
-    nodes must precede (a recomputed op that reads a weight must run before the weight's
-    update) moves to right after them when nothing else stops it. None when no such order
-    is found (then Alg. 2 re-orders)."""
+    """The old order with the added nodes right before the anchor (then `_defer_writers`);
+    None when no such order is found (then Alg. 2 re-orders)."""
     order = [n for n in old_order if n not in result.removed]
     at = order.index(result.anchor)
     added = sorted(result.added)
-    graph = result.graph
-    late = set(order[at:]) | set(added)
-    early = {s for a in added for s in graph.successors(a) if s not in late}
     order[at:at] = added
-    if not early:
-        return order
-    moved = sorted(early, key=order.index)
-    order = [n for n in order if n not in early]
-    after = order.index(added[-1]) + 1
-    order[after:after] = moved
-    return order if _valid_around(graph, order, [*added, *early]) else None
+    order, moved = _defer_writers(result.graph, order, added)
+    return order if _valid_around(result.graph, order, [*added, *moved]) else None
+
+
+def _defer_writers(graph: Graph, order: list[int], added) -> tuple[list[int], list[int]]:
+    """`order` with each node that must follow an added node but runs before it moved to
+    right after the last such added node, and the nodes moved. These are in-place updates: a
+    recomputed op, or a convolution by a weight's slice, reads the weight, and the scheduler
+    had put the weight's update right after its gradient."""
+    pos = {n: i for i, n in enumerate(order)}
+    after: dict[int, int] = {}
+    for a in added:
+        for s in graph.successors(a):
+            if pos[s] < pos[a]:
+                after[s] = max(after.get(s, -1), pos[a])
+    if not after:
+        return order, []
+    follow: dict[int, list[int]] = {}
+    for s in sorted(after, key=pos.__getitem__):
+        follow.setdefault(order[after[s]], []).append(s)
+    out = []
+    for n in order:
+        if n not in after:
+            out.append(n)
+            out.extend(follow.get(n, ()))
+    return out, list(after)
