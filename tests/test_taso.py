@@ -16,9 +16,11 @@ from magis.rules.taso import (
     MERGE_CONV_BACKWARD,
     MERGE_CONV_OUTPUT,
     MERGE_MATMUL,
+    MERGE_WGRADS_OF_CAT,
     SPLIT_CONV_BACKWARD,
     SPLIT_CONV_OUTPUT,
     SPLIT_MATMUL,
+    SPLIT_WGRAD_OF_CAT,
 )
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.sim import simulate
@@ -180,5 +182,24 @@ def test_split_conv_output_by_its_channel_slices_and_merge_back():
         assert sum(widths) == split.graph.node(whole).outputs[0].shape[1] > max(widths)
         ((back, _),) = _apply_and_verify(
             replace(step, graph=res.graph), MERGE_CONV_OUTPUT, new_order
+        )
+        assert wl_hash(back.graph).value == wl_hash(split.graph).value
+
+
+def test_split_weight_gradient_by_the_parts_of_a_concatenation_and_merge_back():
+    """The weight gradient of a convolution over a concatenation, split by its parts, no
+    longer reads the concatenation: only the forward convolution does. Every split verifies
+    against eager PyTorch, and the dual gives back the original graph."""
+    step = workload_step("unetpp:tiny", dtype=torch.float64)[1]
+    ((split, order),) = _apply_and_verify(step, SPLIT_CONV_BACKWARD)
+    wgrads = replace(step, graph=split.graph)
+    results = _apply_and_verify(wgrads, SPLIT_WGRAD_OF_CAT, order, expect_at_least=4)
+    for res, new_order in results:
+        (whole,) = res.removed
+        cat = split.graph.node(whole).args[1].node
+        assert len(split.graph.users(cat)) == 2  # the forward convolution and the wgrad
+        assert len(res.graph.users(cat)) == 1
+        ((back, _),) = _apply_and_verify(
+            replace(step, graph=res.graph), MERGE_WGRADS_OF_CAT, new_order
         )
         assert wl_hash(back.graph).value == wl_hash(split.graph).value

@@ -17,7 +17,10 @@
 - A convolution by concatenated weights is the concatenation of the convolutions by each
   (TASO's conv/concat identity, on output channels): a convolution whose output is read only
   in channel slices — the input gradient of a convolution over a concatenation, U-Net's skip
-  connections — becomes one convolution per slice. The dual merges them back.
+  connections — becomes one convolution per slice. The dual merges them back. On input
+  channels: the weight gradient of a convolution over a concatenation is the concatenation
+  of the weight gradients over its parts, so the concatenated activation is not saved for
+  the backward. The dual merges them back.
 
 Each rule is checked the TASO way (thesis §3.4): by running the rewritten program on random
 inputs and comparing with the original (tests/test_taso.py).
@@ -714,6 +717,166 @@ def _match_merge_conv_output(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
+# --- a weight gradient over a concatenated input -------------------------------------------------
+
+
+def wgrad_of_cat(graph: Graph, nid: int) -> list[Ref] | None:
+    """The concatenated parts when `nid` is a weight-gradient-only `convolution_backward`
+    (as `split_conv_backward` makes them) of an ungrouped convolution whose input is a channel
+    concatenation; else None."""
+    mask = _conv_backward_mask(graph, nid)
+    if mask is None or mask[0] or not mask[1]:
+        return None
+    args = graph.node(nid).args
+    if args[7] or args[9] != 1:  # transposed or grouped
+        return None
+    cat = graph.node(args[1].node)
+    if cat.op != CAT or (cat.args[1] if len(cat.args) > 1 else 0) not in (1, -3):
+        return None
+    return list(cat.args[0]) if len(cat.args[0]) >= 2 else None
+
+
+def split_wgrad_of_cat(graph: Graph, nid: int) -> Rewritten:
+    """dW of conv(cat(x_1 .. x_k), W) = cat(dW_1 .. dW_k) along W's input channels, dW_i the
+    weight gradient of conv(x_i, W_i) (TASO's conv/concat identity on input channels): the
+    weight gradient reads the parts, not their concatenation, so the concatenated activation
+    need not live from the forward pass to the backward. U-Net++'s dense skip connections
+    concatenate up to five maps per node."""
+    g = graph.copy()
+    node = g.node(nid)
+    gy, _, w, bias_sizes, *geometry, mask = node.args
+    added, start = [], 0
+    for i, part in enumerate(wgrad_of_cat(g, nid)):
+        end = start + g.meta(part).shape[1]
+        ws = _add_slice(g, f"{node.name}_weight{i}", w, 1, start, end)
+        bias = bool(mask[2]) and i == 0  # the bias gradient reads only the output gradient
+        piece = g.add_op(
+            f"{node.name}_{i}",
+            node.op,
+            (gy, part, ws, bias_sizes, *geometry, [False, True, bias]),
+            outputs=(
+                _NOTHING,
+                _slice_meta(node.outputs[1], 1, start, end),
+                node.outputs[2] if bias else _NOTHING,
+            ),
+        )
+        added += [ws.node, piece]
+        start = end
+    pieces = [Ref(p, 1) for p in added[1::2]]
+    whole = _add_cat(g, f"{node.name}_cat", pieces, 1)
+    changed = set(g.replace_uses(Ref(nid, 1), Ref(whole)))
+    if mask[2]:
+        changed.update(g.replace_uses(Ref(nid, 2), Ref(added[1], 2)))
+    g.remove_node(nid)
+    added.append(whole)
+    return Rewritten(
+        g,
+        frozenset(added),
+        frozenset(changed - {nid}),
+        frozenset({nid}),
+        in_place_of=(((nid,), tuple(added)),),
+    )
+
+
+def cat_of_wgrads(graph: Graph, nid: int) -> list[int] | None:
+    """The weight-gradient pieces when `nid` is the cat `split_wgrad_of_cat` made: pieces of
+    one output gradient and geometry, by consecutive input-channel slices of one weight, over
+    the parts of one concatenation in order; else None."""
+    node = graph.node(nid)
+    if node.op != CAT or node.args[1] != 1 or any(r.index != 1 for r in node.args[0]):
+        return None
+    pieces = [r.node for r in node.args[0]]
+    nodes = [graph.node(p) for p in pieces]
+    if any(_conv_backward_mask(graph, p) is None for p in pieces):
+        return None
+    key = {(n.args[0], repr(n.args[3:10])) for n in nodes}
+    if len(key) != 1 or not all(isinstance(n.args[2], Ref) for n in nodes):
+        return None
+    views = [graph.node(n.args[2].node) for n in nodes]
+    if any(v.op != SLICE or v.args[1] != 1 for v in views):
+        return None
+    w = views[0].args[0]
+    bounds = [tuple(v.args[2:4]) for v in views]
+    edges = [0] + [b[1] for b in bounds]
+    if len({v.args[0] for v in views}) != 1 or [b[0] for b in bounds] != edges[:-1]:
+        return None
+    if edges[-1] != graph.meta(w).shape[1]:
+        return None
+    if any(n.args[10][0] for n in nodes):  # a piece that also computes an input gradient
+        return None
+    return pieces if _cat_of(graph, [n.args[1] for n in nodes]) is not None else None
+
+
+def _cat_of(graph: Graph, parts: list[Ref]) -> int | None:
+    """A channel concatenation of exactly `parts`, in order, or None."""
+    for u in graph.users(parts[0].node):
+        node = graph.node(u)
+        if node.op == CAT and list(node.args[0]) == parts and node.args[1] in (1, -3):
+            return u
+    return None
+
+
+def merge_wgrads_of_cat(graph: Graph, nid: int) -> Rewritten:
+    """The dual: the concatenated weight-gradient pieces as one weight gradient over the
+    concatenation of their inputs."""
+    g = graph.copy()
+    pieces = cat_of_wgrads(g, nid)
+    nodes = [g.node(p) for p in pieces]
+    cat = _cat_of(g, [n.args[1] for n in nodes])
+    first = nodes[0]
+    w = g.node(first.args[2].node).args[0]
+    bias = [n for n in nodes if n.args[10][2]]
+    mask = [False, True, bool(bias)]
+    out = g.meta(Ref(nid))
+    merged = g.add_op(
+        first.name.removesuffix("_0"),
+        first.op,
+        (first.args[0], Ref(cat), w, *first.args[3:10], mask),
+        outputs=(_NOTHING, out, bias[0].outputs[2] if bias else _NOTHING),
+    )
+    changed = set(g.replace_uses(Ref(nid), Ref(merged, 1)))
+    if bias:
+        changed.update(g.replace_uses(Ref(bias[0].id, 2), Ref(merged, 2)))
+    g.remove_node(nid)
+    removed = [nid]
+    for n in nodes:
+        view = n.args[2].node
+        g.remove_node(n.id)
+        removed.append(n.id)
+        if not g.users(view):
+            g.remove_node(view)
+            removed.append(view)
+    return Rewritten(
+        g,
+        frozenset({merged}),
+        frozenset(changed - set(removed)),
+        frozenset(removed),
+        in_place_of=((tuple(removed), (merged,)),),
+    )
+
+
+def _match_split_wgrad_of_cat(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in _largest_first(ctx, CONV_BACKWARD):
+        if nid not in ctx.frozen and wgrad_of_cat(ctx.graph, nid) is not None:
+            yield Rewrite(
+                "split_wgrad_of_cat",
+                RuleKind.TASO,
+                f"split {ctx.graph.node(nid).name} by the parts of its input",
+                lambda n=nid: split_wgrad_of_cat(ctx.graph, n),
+            )
+
+
+def _match_merge_wgrads_of_cat(ctx: RuleContext) -> Iterator[Rewrite]:
+    for nid in ctx.order:
+        if nid not in ctx.frozen and cat_of_wgrads(ctx.graph, nid) is not None:
+            yield Rewrite(
+                "merge_wgrads_of_cat",
+                RuleKind.TASO,
+                f"merge the weight gradients of {ctx.graph.node(nid).name}",
+                lambda n=nid: merge_wgrads_of_cat(ctx.graph, n),
+            )
+
+
 MERGE_MATMUL = Rule("merge_matmul", RuleKind.TASO, _match_merge)
 SPLIT_MATMUL = Rule("split_matmul", RuleKind.TASO, _match_split)
 FOLD_SLICE_OF_CAT = Rule("fold_slice_of_cat", RuleKind.TASO, _match_fold)
@@ -723,6 +886,8 @@ SPLIT_CONV_BACKWARD = Rule("split_conv_backward", RuleKind.TASO, _match_split_co
 MERGE_CONV_BACKWARD = Rule("merge_conv_backward", RuleKind.TASO, _match_merge_conv_backward)
 SPLIT_CONV_OUTPUT = Rule("split_conv_output", RuleKind.TASO, _match_split_conv_output)
 MERGE_CONV_OUTPUT = Rule("merge_conv_output", RuleKind.TASO, _match_merge_conv_output)
+SPLIT_WGRAD_OF_CAT = Rule("split_wgrad_of_cat", RuleKind.TASO, _match_split_wgrad_of_cat)
+MERGE_WGRADS_OF_CAT = Rule("merge_wgrads_of_cat", RuleKind.TASO, _match_merge_wgrads_of_cat)
 TASO_RULES = (
     MERGE_MATMUL,
     SPLIT_MATMUL,
@@ -733,4 +898,6 @@ TASO_RULES = (
     MERGE_CONV_BACKWARD,
     SPLIT_CONV_OUTPUT,
     MERGE_CONV_OUTPUT,
+    SPLIT_WGRAD_OF_CAT,
+    MERGE_WGRADS_OF_CAT,
 )
