@@ -69,9 +69,15 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert not order.observe(S(79, 1.0), CAP_WINDOW + 0.01)  # 100 -> 79 in a window: fast
     assert order.observe(S(79, 1.0), 2.5 * CAP_WINDOW)  # nothing in a window: too slow
     assert order.cap == pytest.approx(cap + CAP_STEP)
-    assert order.observe(S(40, 1.4), 0.5)  # the limit is met: the objective's own order
-    assert order.key(S(40, 1.4)) == Objective(Mode.MEMORY_LIMIT, 40).key(S(40, 1.4))
-    assert order.key(deep) < order.key(cheap)
+    assert order.observe(S(40, 1.4), 0.5)  # the limit is met: tighten below its latency
+    assert order.cap == pytest.approx(1.4 - CAP_STEP)
+    # under the cap, memory first, ahead of the plan that met the limit and of dearer states
+    assert order.key(S(60, 1.1)) < order.key(S(79, 1.0)) < order.key(S(40, 1.4))
+    assert order.key(S(40, 1.4)) < order.key(S(45, 1.5))  # above it, BetterThan
+    assert order.worth_pushing(S(60, 1.1), best=S(40, 1.4))
+    assert not order.worth_pushing(S(60, 1.39), best=S(40, 1.4))  # over the cap, over the limit
+    assert not order.observe(S(40, 1.39), 0.6)  # meets the limit, but not faster by a step
+    assert order.observe(S(39, 1.2), 0.7) and order.cap == pytest.approx(1.2 - CAP_STEP)
     lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
     dear = S(50, 1.08)
     assert lat.key(cheap) < lat.key(dear)  # swept: the cheap saving first
