@@ -97,11 +97,13 @@ def node_rewrites(
     accepts: Callable[[int], bool],
     describe: Callable[[int], str],
     build: Callable[[int], Rewritten],
+    nodes: Iterable[int] | None = None,
 ) -> Iterator[Rewrite]:
-    """One rewrite per node that `accepts` (outside frozen regions), in schedule order, at most
-    `ctx.max_candidates`: the shape of the duals that undo one node's rewrite."""
+    """One rewrite per node that `accepts` (outside frozen regions), in schedule order (or in
+    the order of `nodes`), at most `ctx.max_candidates`: the shape of the rules that rewrite
+    one node, and of the duals that undo one node's rewrite."""
     emitted = 0
-    for nid in ctx.order:
+    for nid in ctx.order if nodes is None else nodes:
         if emitted >= ctx.max_candidates:
             return
         if nid in ctx.frozen or not accepts(nid):

@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from magis.ir import Graph, Ref, TensorMeta
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rewrites
 
 MM, ADDMM = "aten.mm.default", "aten.addmm.default"
 CAT, SLICE = "aten.cat.default", "aten.slice.Tensor"
@@ -218,14 +218,15 @@ def _match_merge(ctx: RuleContext) -> Iterator[Rewrite]:
 
 
 def _match_split(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in ctx.order:
-        if nid not in ctx.frozen and _is_merged_matmul(ctx.graph, nid):
-            yield Rewrite(
-                "split_matmul",
-                RuleKind.TASO,
-                f"split {ctx.graph.node(nid).name}",
-                lambda n=nid: split_matmul(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "split_matmul",
+        RuleKind.TASO,
+        lambda n: _is_merged_matmul(g, n),
+        lambda n: f"split {g.node(n).name}",
+        lambda n: split_matmul(g, n),
+    )
 
 
 def slice_of_cat(graph: Graph, nid: int) -> Ref | None:
@@ -256,14 +257,15 @@ def fold_slice_of_cat(graph: Graph, nid: int) -> Rewritten:
 
 
 def _match_fold(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in ctx.order:
-        if nid not in ctx.frozen and slice_of_cat(ctx.graph, nid) is not None:
-            yield Rewrite(
-                "fold_slice_of_cat",
-                RuleKind.TASO,
-                f"fold {ctx.graph.node(nid).name}",
-                lambda n=nid: fold_slice_of_cat(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "fold_slice_of_cat",
+        RuleKind.TASO,
+        lambda n: slice_of_cat(g, n) is not None,
+        lambda n: f"fold {g.node(n).name}",
+        lambda n: fold_slice_of_cat(g, n),
+    )
 
 
 def _distributable(graph: Graph, nid: int) -> tuple[Ref, Ref, Ref] | None:
@@ -348,25 +350,27 @@ def expand(graph: Graph, nid: int) -> Rewritten:
 
 
 def _match_factor(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in ctx.order:
-        if nid not in ctx.frozen and _distributable(ctx.graph, nid) is not None:
-            yield Rewrite(
-                "factor",
-                RuleKind.TASO,
-                f"factor {ctx.graph.node(nid).name}",
-                lambda n=nid: factor(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "factor",
+        RuleKind.TASO,
+        lambda n: _distributable(g, n) is not None,
+        lambda n: f"factor {g.node(n).name}",
+        lambda n: factor(g, n),
+    )
 
 
 def _match_expand(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in ctx.order:
-        if nid not in ctx.frozen and _expandable(ctx.graph, nid) is not None:
-            yield Rewrite(
-                "expand",
-                RuleKind.TASO,
-                f"expand {ctx.graph.node(nid).name}",
-                lambda n=nid: expand(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "expand",
+        RuleKind.TASO,
+        lambda n: _expandable(g, n) is not None,
+        lambda n: f"expand {g.node(n).name}",
+        lambda n: expand(g, n),
+    )
 
 
 CONV_BACKWARD = "aten.convolution_backward.default"
@@ -697,14 +701,16 @@ def merge_conv_output(graph: Graph, convs: list[int]) -> Rewritten:
 
 
 def _match_split_conv_output(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in _largest_first(ctx, CONVOLUTION):
-        if nid not in ctx.frozen and channel_sliced_conv(ctx.graph, nid) is not None:
-            yield Rewrite(
-                "split_conv_output",
-                RuleKind.TASO,
-                f"split {ctx.graph.node(nid).name} by its channel slices",
-                lambda n=nid: split_conv_output(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "split_conv_output",
+        RuleKind.TASO,
+        lambda n: channel_sliced_conv(g, n) is not None,
+        lambda n: f"split {g.node(n).name} by its channel slices",
+        lambda n: split_conv_output(g, n),
+        nodes=_largest_first(ctx, CONVOLUTION),
+    )
 
 
 def _match_merge_conv_output(ctx: RuleContext) -> Iterator[Rewrite]:
@@ -856,25 +862,28 @@ def merge_wgrads_of_cat(graph: Graph, nid: int) -> Rewritten:
 
 
 def _match_split_wgrad_of_cat(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in _largest_first(ctx, CONV_BACKWARD):
-        if nid not in ctx.frozen and wgrad_of_cat(ctx.graph, nid) is not None:
-            yield Rewrite(
-                "split_wgrad_of_cat",
-                RuleKind.TASO,
-                f"split {ctx.graph.node(nid).name} by the parts of its input",
-                lambda n=nid: split_wgrad_of_cat(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "split_wgrad_of_cat",
+        RuleKind.TASO,
+        lambda n: wgrad_of_cat(g, n) is not None,
+        lambda n: f"split {g.node(n).name} by the parts of its input",
+        lambda n: split_wgrad_of_cat(g, n),
+        nodes=_largest_first(ctx, CONV_BACKWARD),
+    )
 
 
 def _match_merge_wgrads_of_cat(ctx: RuleContext) -> Iterator[Rewrite]:
-    for nid in ctx.order:
-        if nid not in ctx.frozen and cat_of_wgrads(ctx.graph, nid) is not None:
-            yield Rewrite(
-                "merge_wgrads_of_cat",
-                RuleKind.TASO,
-                f"merge the weight gradients of {ctx.graph.node(nid).name}",
-                lambda n=nid: merge_wgrads_of_cat(ctx.graph, n),
-            )
+    g = ctx.graph
+    return node_rewrites(
+        ctx,
+        "merge_wgrads_of_cat",
+        RuleKind.TASO,
+        lambda n: cat_of_wgrads(g, n) is not None,
+        lambda n: f"merge the weight gradients of {g.node(n).name}",
+        lambda n: merge_wgrads_of_cat(g, n),
+    )
 
 
 MERGE_MATMUL = Rule("merge_matmul", RuleKind.TASO, _match_merge)
