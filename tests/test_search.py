@@ -51,7 +51,7 @@ def test_objective_ranks_satisfying_states_first():
 def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     from dataclasses import dataclass
 
-    from magis.search.queue import CAP_STEP, CAP_WINDOW, QueueOrder
+    from magis.search.queue import CAP_STEP, CAP_WINDOW, QueueOrder, SearchQueue
 
     @dataclass
     class S:
@@ -78,6 +78,11 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert not order.worth_pushing(S(60, 1.39), best=S(40, 1.4))  # over the cap, over the limit
     assert not order.observe(S(40, 1.39), 0.6)  # meets the limit, but not faster by a step
     assert order.observe(S(39, 1.2), 0.7) and order.cap == pytest.approx(1.2 - CAP_STEP)
+    queue = SearchQueue(order)  # while tightening, every other pop is by BetterThan
+    for st in (S(60, 1.1), S(39, 1.19), S(38, 1.21), S(70, 1.0)):
+        queue.push(st)
+    popped = [queue.pop()[0] for _ in range(4)]
+    assert popped == [S(60, 1.1), S(39, 1.19), S(70, 1.0), S(38, 1.21)] and not queue
     lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
     dear = S(50, 1.08)
     assert lat.key(cheap) < lat.key(dear)  # swept: the cheap saving first

@@ -16,7 +16,6 @@ latency) for plots.
 from __future__ import annotations
 
 import enum
-import heapq
 import itertools
 import random
 import time
@@ -36,7 +35,7 @@ from magis.schedule import incremental_schedule, schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
 from magis.search.hashing import wl_hash, wl_hash_incremental
-from magis.search.queue import QueueOrder
+from magis.search.queue import QueueOrder, SearchQueue
 from magis.search.state import MState, Objective
 from magis.sim import SimResult, simulate
 
@@ -169,10 +168,10 @@ def optimize_graph(
     init = initial_state(graph, cost, fission, memory_figure, max_level, naive_fission_seed)
     best = init
     improvements = [Improvement(0.0, init.memory, init.latency, "initial")]
-    tie = itertools.count()
     ranking = QueueOrder(objective, init.latency, delta)
     ranking.observe(init, 0.0)
-    queue: list = [(ranking.key(init), next(tie), init, None)]
+    queue = SearchQueue(ranking)
+    queue.push(init)
     seen = {init.hash.value}
     seen_trees: set = set()
     reanalysis = fission_moves.Reanalysis(max_level)
@@ -191,7 +190,7 @@ def optimize_graph(
 
     try:
         while queue and not out_of_time():
-            _, _, state, moves = heapq.heappop(queue)
+            state, moves = queue.pop()
             if moves is None and reanalyse and state is best and state.fission is None:
                 lineage = timer.run(
                     "transform",
@@ -231,11 +230,11 @@ def optimize_graph(
                     if on_improvement is not None:
                         on_improvement(imp)
                 if ranking.worth_pushing(child, best):
-                    heapq.heappush(queue, (ranking.key(child), next(tie), child, None))
+                    queue.push(child)
                 if ranking.observe(child, progress()):
-                    ranking.rekey(queue)
+                    queue.rekey()
                 if improved or evaluated >= EXPANSION_WIDTH:
-                    heapq.heappush(queue, (ranking.key(state), next(tie), state, moves))
+                    queue.push(state, moves)
                     break
     except KeyboardInterrupt:
         interrupted = True

@@ -26,7 +26,9 @@ one step above the initial latency.
   under the cap is a faster plan, and the cap drops below it in turn. The plain BetterThan
   order only explores around the best plan (lines that undo a dear recomputation must pass
   over the limit, and Alg. 3 never keeps those), and stalled: resnet50 under 0.4 met the limit
-  at 1.18x and ended at 1.153x, unchanged over the last 100 s.
+  at 1.18x and ended at 1.153x, unchanged over the last 100 s; with tightening, 1.085x. The
+  search still polishes the plans it has: while tightening, every other pop takes the best
+  state by BetterThan (`SearchQueue`).
 - Latency-limit mode: the cap sweeps up to the limit in even steps over the first
   LATENCY_SWEEP of the budget. After that the cap is the limit itself.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -127,9 +130,10 @@ class QueueOrder:
         self._raise(progress)
         return True
 
-    def rekey(self, queue: list) -> None:
-        queue[:] = [(self.key(s), t, s, m) for _, t, s, m in queue]
-        heapq.heapify(queue)
+    @property
+    def tightening(self) -> bool:
+        """Memory-limit mode after a plan met the limit (module docstring)."""
+        return self._tightening
 
     def _raise_due(self, progress: float) -> bool:
         if self._latency_mode:
@@ -175,3 +179,47 @@ class QueueOrder:
         self.cap = latency - self._step
         reachable = self._seen[: bisect.bisect_right(self._seen, (self.cap, math.inf))]
         self._frontier = min((m for _, m in reachable), default=math.inf)
+
+
+class SearchQueue:
+    """Alg. 3's priority queue of (state, remaining moves) entries, popped in `order`; while
+    the order is tightening, every other pop takes the best entry by BetterThan instead.
+    Entries sit in two heaps (one per order); an entry popped from one is skipped in the
+    other."""
+
+    def __init__(self, order: QueueOrder) -> None:
+        self.order = order
+        self._heaps: tuple[list, list] = ([], [])
+        self._tie = itertools.count()
+        self._taken: set[int] = set()
+        self._pops = 0
+        self._live = 0
+
+    def __bool__(self) -> bool:
+        return self._live > 0
+
+    def push(self, state: MState, moves=None) -> None:
+        tie = next(self._tie)
+        heapq.heappush(self._heaps[0], (self.order.key(state), tie, state, moves))
+        heapq.heappush(self._heaps[1], (self.order.objective.key(state), tie, state, moves))
+        self._live += 1
+
+    def pop(self):
+        """(state, moves) of the next entry."""
+        self._pops += 1
+        plain = self.order.tightening and self._pops % 2 == 0
+        heap = self._heaps[1 if plain else 0]
+        while True:
+            _, tie, state, moves = heapq.heappop(heap)
+            if tie not in self._taken:
+                self._taken.add(tie)
+                self._live -= 1
+                return state, moves
+
+    def rekey(self) -> None:
+        """Re-sort by the order's keys after it changed (a raised or tightened cap)."""
+        live = [
+            (self.order.key(s), t, s, m) for _, t, s, m in self._heaps[0] if t not in self._taken
+        ]
+        heapq.heapify(live)
+        self._heaps = (live, self._heaps[1])
