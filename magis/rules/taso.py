@@ -605,7 +605,8 @@ def split_conv_output(graph: Graph, nid: int) -> Rewritten:
     x, w, bias, *geometry = node.args
     wdim = _conv_weight_out_dim(g, nid)
     added, changed, places = [], set(), []
-    for s, start, end in channel_sliced_conv(g, nid):
+    slices = channel_sliced_conv(g, nid)
+    for s, start, end in slices:
         name = g.node(s).name
         ws = _add_slice(g, f"{name}_weight", w, wdim, start, end)
         bs = None if bias is None else _add_slice(g, f"{name}_bias", bias, 0, start, end)
@@ -618,7 +619,7 @@ def split_conv_output(graph: Graph, nid: int) -> Rewritten:
         changed.update(readers)
         places.append((tuple(readers), piece))  # each piece right before its first reader
         g.remove_node(s)
-    removed = {nid, *(s for s, _, _ in channel_sliced_conv(graph, nid))}
+    removed = {nid, *(s for s, _, _ in slices)}
     g.remove_node(nid)
     return Rewritten(
         g,

@@ -118,9 +118,8 @@ class Reanalysis:
         not started: a 16-way split gpt-neo-1.3b graph (63k nodes) takes a minute and more."""
         key = frozenset(h.storage for h in hotspots)
         expected = self.seconds_per_node2 * len(graph) ** 2
-        if self.spent + expected > self.share * elapsed or expected > left:
-            return None
-        if key in self.analysed:
+        over_share = self.spent + expected > self.share * elapsed
+        if key in self.analysed or over_share or expected > left:
             return None
         self.analysed.add(key)
         start = time.perf_counter()

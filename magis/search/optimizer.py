@@ -5,9 +5,9 @@ graph is built only when evaluated, a few at a time), de-duplicated by an increm
 Weisfeiler-Lehman hash, rescheduled incrementally (Alg. 2, then Store/Load timing), simulated,
 and pushed back if it is not worse than the best by more than a factor delta (1.1); the queue is
 ordered by BetterThan (in memory-limit mode, under a rising latency cap until the limit is met:
-see queue.py). The best state is re-analysed when popped (Analyze of Alg. 3: a new F-Tree
-on its graph and schedule, `fission_moves.Reanalysis`). (A queue order weighing memory saved against latency spent was tried
-and did worse: resnet50 missed a 0.4 memory limit in 60 s that the greedy order meets, and
+see queue.py). The best state is re-analysed when popped (Analyze of Alg. 3: a new F-Tree on
+its graph and schedule, `fission_moves.Reanalysis`). (A queue order weighing memory saved
+against latency spent was tried and did worse: resnet50 missed a 0.4 memory limit in 60 s that the greedy order meets, and
 unet under a 1.10 latency limit ended higher.) A time budget or Ctrl-C ends the search; the
 best state so far is always returned, and every improvement is recorded (time, memory,
 latency) for plots.
