@@ -1,25 +1,30 @@
 """M-State, the search of MAGIS Alg. 3, graph hashing, the two modes, the time budget (§6.2)."""
 
+from magis.search.budget import Budget
+from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.optimizer import (
     Improvement,
-    MemoryFigure,
     SearchResult,
-    SearchStats,
     default_rules,
     initial_state,
     optimize_graph,
 )
+from magis.search.options import MemoryFigure, SearchOptions
 from magis.search.state import Mode, MState, Objective
 
 __all__ = [
+    "Budget",
+    "Evaluator",
     "Improvement",
     "MemoryFigure",
     "MState",
     "Mode",
     "Objective",
+    "SearchOptions",
     "SearchResult",
     "SearchStats",
     "default_rules",
     "initial_state",
     "optimize_graph",
+    "simulate_state",
 ]

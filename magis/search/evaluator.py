@@ -1,0 +1,208 @@
+"""Turning a move into a child M-State (MAGIS Alg. 3, lines 8-12): build, de-duplicate by hash,
+reschedule, simulate.
+
+The `Evaluator` holds what every evaluation of one search shares: the cost model, the memory
+figure states are measured by, the hashes and F-Trees already seen, and the statistics (states,
+duplicates, rules applied, seconds per part).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from magis.cost import CostModel
+from magis.errors import MagisError
+from magis.ir import Graph, derive_storages
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext
+from magis.schedule import schedule
+from magis.schedule.swaps import time_swaps
+from magis.search import fission_moves
+from magis.search.hashing import wl_hash, wl_hash_incremental
+from magis.search.options import MemoryFigure
+from magis.search.reschedule import reschedule
+from magis.search.state import MState
+from magis.sim import SimResult, simulate
+
+Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
+
+
+def simulate_state(
+    graph: Graph, order: Sequence[int], cost: CostModel, figure: MemoryFigure, detail: bool = True
+) -> SimResult:
+    """The simulation of `order` with its peak counted by `figure` (the arena a long-lived-
+    first best-fit layout needs, under MemoryFigure.ARENA)."""
+    sim = simulate(graph, order, cost, detail)
+    if figure is MemoryFigure.ARENA:
+        from magis.layout import plan_layout  # the layout solver is heavy to import
+
+        arena = plan_layout(graph, list(order), "llfb").arena_bytes
+        sim = replace(sim, peak_bytes=sim.resident_bytes + arena)
+    return sim
+
+
+@dataclass
+class SearchStats:
+    states_explored: int = 0
+    duplicates: int = 0
+    rules_applied: Counter = field(default_factory=Counter)
+    breakdown: dict[str, float] = field(
+        default_factory=lambda: {"transform": 0.0, "schedule": 0.0, "simulate": 0.0, "hash": 0.0}
+    )
+
+
+@dataclass
+class Evaluator:
+    cost: CostModel
+    figure: MemoryFigure = MemoryFigure.THEORETICAL
+    stats: SearchStats = field(default_factory=SearchStats)
+    seen: set[int] = field(default_factory=set)  # hashes of every graph evaluated
+    seen_trees: set = field(default_factory=set)  # F-Trees already materialized
+
+    def timed(self, part: str, fn: Callable, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.stats.breakdown[part] += time.perf_counter() - start
+
+    def simulate(self, graph: Graph, order: Sequence[int], detail: bool = False) -> SimResult:
+        return self.timed("simulate", simulate_state, graph, order, self.cost, self.figure, detail)
+
+    def is_new(self, hash_value: int) -> bool:
+        """Records the hash; False (a duplicate, counted) when it was seen before."""
+        if hash_value in self.seen:
+            self.stats.duplicates += 1
+            return False
+        self.seen.add(hash_value)
+        return True
+
+    def moves(self, state: MState, rules: Sequence[Rule], ctx: RuleContext) -> Iterator[Move]:
+        """F-Tree mutations (while the lineage allows them), then every rule's rewrites taken
+        in turn, so the first moves tried cover every kind. F-Tree mutations go first: fission
+        is where the large reductions are (§7.2), and any other rule ends the lineage."""
+        streams = []
+        if state.fission is not None:
+            limit = fission_moves.REANALYSIS_MOVES if state.fission.epoch else None
+            streams.append(
+                (
+                    "fission:" + d.split()[0],
+                    lambda b=build, d=d: self.fission_child(state, b, "fission:" + d.split()[0]),
+                )
+                for d, build in fission_moves.moves(state.fission.tree, limit)
+            )
+        others = [
+            ((rw.rule, lambda r=rw: self.child(state, r)) for rw in rule.match(ctx))
+            for rule in rules
+        ]
+        return itertools.chain(*streams, round_robin(others))
+
+    def fission_child(self, state: MState, build_tree, name: str) -> MState | None:
+        """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
+        hierarchical schedule (each enabled region's parts one after the other), with Store/Load
+        re-timed. Trees already materialized (the same enabled nodes with the same n, reached
+        by another path) are skipped before the expensive materialization."""
+        lineage = state.fission
+        tree = self.timed("transform", build_tree)
+        key = (lineage.epoch, *((i, x.ftrans) for i, x in enumerate(tree.nodes) if x.enabled))
+        if key in self.seen_trees:
+            self.stats.duplicates += 1
+            return None
+        self.seen_trees.add(key)
+        try:
+            done = self.timed("transform", fission_moves.apply, lineage, tree)
+        except MagisError:
+            return None
+        mat = done.materialized
+        if mat.continued and lineage.materialized is not None:  # it continued state.graph
+            h = self.timed(
+                "hash",
+                wl_hash_incremental,
+                state.hash,
+                state.graph,
+                done.graph,
+                mat.touched,
+                mat.removed,
+            )
+        else:
+            h = self.timed("hash", wl_hash, done.graph)
+        if not self.is_new(h.value):
+            return None
+        order = done.order
+        if done.graph.copy_nodes():
+            order = self.timed("schedule", time_swaps, done.graph, order, self.cost)
+        return replace(
+            state,
+            graph=done.graph,
+            order=tuple(order),
+            sim=self.simulate(done.graph, order),
+            hash=h,
+            history=(*state.history, name),
+            frozen=done.frozen,
+            fission=replace(lineage, tree=tree, materialized=done.materialized),
+        )
+
+    def child(self, state: MState, rewrite: Rewrite) -> MState | None:
+        """Build a rule's rewrite, skip it when its graph was seen, else schedule and simulate
+        it. Any rule other than an F-Tree mutation ends the lineage's fission moves."""
+        result: Rewritten = self.timed("transform", rewrite.build)
+        # Storage bookkeeping from the parent's, not rebuilt: rules, scheduler and simulator
+        # read it.
+        storages = self.timed(
+            "simulate",
+            derive_storages,
+            state.graph,
+            result.graph,
+            result.added,
+            result.changed,
+            result.removed,
+        )
+        result.graph.set_storages(storages)
+        h = self.timed(
+            "hash",
+            wl_hash_incremental,
+            state.hash,
+            state.graph,
+            result.graph,
+            result.touched,
+            result.removed,
+        )
+        if not self.is_new(h.value):
+            return None
+        order = self.timed("schedule", reschedule, state.graph, state.order, result, self.cost)
+        sim = self.simulate(result.graph, order)
+        return MState(
+            result.graph, tuple(order), sim, h, (*state.history, rewrite.rule), state.frozen
+        )
+
+    def polish(self, state: MState) -> MState:
+        """The state's graph re-ordered in full by the DP scheduler (then Store/Load timing):
+        during the search, re-materialization and swapping place their nodes where the rule
+        says (`Rewritten.anchor`), and the winner gets one full re-ordering at the end."""
+        try:
+            order = self.timed("schedule", full_schedule, state.graph, self.cost)
+        except MagisError:
+            return state
+        return replace(state, order=tuple(order), sim=self.simulate(state.graph, order, True))
+
+
+def full_schedule(graph: Graph, cost: CostModel) -> list[int]:
+    order = list(schedule(graph, "dp").order)
+    if graph.copy_nodes():
+        order = time_swaps(graph, order, cost)
+    return order
+
+
+def round_robin(streams) -> Iterator:
+    """One item of each stream in turn, until all are exhausted."""
+    active = [iter(s) for s in streams]
+    while active:
+        for it in list(active):
+            item = next(it, None)
+            if item is None:
+                active.remove(it)
+            else:
+                yield item

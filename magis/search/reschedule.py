@@ -1,0 +1,115 @@
+"""A rewritten graph's schedule, from its parent's (MAGIS Alg. 2 and the rules' placement hints).
+
+Three kinds of rewrite need no re-solving, and Alg. 2 would cost a sub-problem rebuild per state
+for an answer already known: one that only removes nodes (the duals: a merged copy's readers read
+an earlier value, so the old order minus the removed nodes stays valid), one that knows where its
+nodes belong (re-materialization and swapping: right before the first late reader), and one that
+replaces nodes by others in their place (an op split in two, or two merged). Everything else is
+re-ordered by incremental scheduling around the nodes the rewrite touched. The search's final
+best is re-ordered in full (`Evaluator.polish`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from magis.cost import CostModel
+from magis.ir import Graph
+from magis.rules.base import Rewritten
+from magis.schedule import incremental_schedule
+from magis.schedule.swaps import time_swaps
+
+
+def reschedule(
+    old: Graph, old_order: Sequence[int], result: Rewritten, cost: CostModel
+) -> list[int]:
+    """The order of `result.graph`: the rule's hint when it holds, else Alg. 2 around the old
+    nodes the rewrite touched; then Store/Load timing (Store early, Load as late as hidden)."""
+    order = order_without_solving(old_order, result)
+    if order is None:
+        touched = _touched_old_nodes(old, result)
+        order = list(incremental_schedule(old, tuple(old_order), result.graph, touched).order)
+    if result.graph.copy_nodes():
+        order = time_swaps(result.graph, order, cost)
+    return order
+
+
+def _touched_old_nodes(old: Graph, result: Rewritten) -> set[int]:
+    touched = set(result.changed) | set(result.removed)
+    for n in result.added:
+        touched.update(result.graph.predecessors(n))
+        touched.update(result.graph.successors(n))
+    return {n for n in touched if n in old}
+
+
+def order_without_solving(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
+    """The order the rewrite's own hint gives, or None when it has none or it is not valid."""
+    if result.anchor is not None:
+        return _place_at_anchor(old_order, result)
+    if result.in_place_of:
+        return _place_in_place_of(old_order, result)
+    if result.added:
+        return None
+    order = [n for n in old_order if n not in result.removed]
+    return order if _valid_around(result.graph, order, result.changed) else None
+
+
+def _valid_around(graph: Graph, order: list[int], nodes: Iterable[int]) -> bool:
+    """Whether `order` runs each of `nodes` after its predecessors and before its successors
+    (enough when only these nodes' edges changed)."""
+    pos = {n: i for i, n in enumerate(order)}
+    return all(
+        all(pos[p] < pos[n] for p in graph.predecessors(n))
+        and all(pos[x] > pos[n] for x in graph.successors(n))
+        for n in nodes
+        if n in pos
+    )
+
+
+def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
+    """The old order with each group of new nodes where the first of the nodes it replaces
+    ran (then `_defer_writers`); None when that order is not valid."""
+    pos = {n: i for i, n in enumerate(old_order)}
+    spots = {min(olds, key=pos.__getitem__): news for olds, news in result.in_place_of}
+    order = []
+    for n in old_order:
+        order.extend(spots.get(n, ()))
+        if n not in result.removed:
+            order.append(n)
+    order, moved = _defer_writers(result.graph, order, result.added)
+    return order if _valid_around(result.graph, order, [*result.touched, *moved]) else None
+
+
+def _place_at_anchor(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
+    """The old order with the added nodes right before the anchor (then `_defer_writers`);
+    None when that order is not valid."""
+    order = [n for n in old_order if n not in result.removed]
+    at = order.index(result.anchor)
+    added = sorted(result.added)
+    order[at:at] = added
+    order, moved = _defer_writers(result.graph, order, added)
+    return order if _valid_around(result.graph, order, [*added, *moved]) else None
+
+
+def _defer_writers(graph: Graph, order: list[int], added) -> tuple[list[int], list[int]]:
+    """`order` with each node that must follow an added node but runs before it moved to
+    right after the last such added node, and the nodes moved. These are in-place updates: a
+    recomputed op, or a convolution by a weight's slice, reads the weight, and the scheduler
+    had put the weight's update right after its gradient."""
+    pos = {n: i for i, n in enumerate(order)}
+    after: dict[int, int] = {}
+    for a in added:
+        for s in graph.successors(a):
+            if pos[s] < pos[a]:
+                after[s] = max(after.get(s, -1), pos[a])
+    if not after:
+        return order, []
+    follow: dict[int, list[int]] = {}
+    for s in sorted(after, key=pos.__getitem__):
+        follow.setdefault(order[after[s]], []).append(s)
+    out = []
+    for n in order:
+        if n not in after:
+            out.append(n)
+            out.extend(follow.get(n, ()))
+    return out, list(after)
