@@ -200,9 +200,9 @@ def _same_storages(a, b) -> bool:
     "workload", ["bert-base:tiny", "resnet50:tiny", "gpt-neo-1.3b:tiny", "unet:tiny"]
 )
 def test_storage_map_derived_from_the_parent_equals_a_fresh_build(workload):
-    """The search derives each child's StorageMap from its parent's (Graph.storages_from); for
+    """The search derives each child's StorageMap from its parent's (derive_storages); for
     every rule and its dual, twice in a row, it must equal the full build."""
-    from magis.ir.graph import StorageMap
+    from magis.ir.graph import StorageMap, derive_storages
     from magis.rules.taso import TASO_RULES
 
     _, step = workload_step(workload)
@@ -215,7 +215,7 @@ def test_storage_map_derived_from_the_parent_equals_a_fresh_build(workload):
         last = None
         for rw in candidates(rules, ctx):
             res = rw.build()
-            derived = res.graph.storages_from(graph, res.added, res.changed, res.removed)
+            derived = derive_storages(graph, res.graph, res.added, res.changed, res.removed)
             assert _same_storages(derived, StorageMap.build(res.graph)), rw.description
             checked += 1
             last = res

@@ -41,7 +41,8 @@ def test_non_finite_floats_and_tuples_survive():
     [
         ({"format": "other"}, "not a magis graph"),
         ({"format": "magis.graph", "version": 99}, "version 99"),
-        ({"format": "magis.graph", "version": 1, "nodes": [{"id": 0}]}, "broken graph file"),
+        ({"format": "magis.graph", "version": 1, "nodes": [{"id": 0}]}, "re-run magis optimize"),
+        ({"format": "magis.graph", "version": 2, "nodes": []}, "missing field"),
     ],
 )
 def test_bad_graph_files_are_plan_errors(data, message):

@@ -26,9 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from magis.ir import Graph, Ref
+from magis.ir import DerivedKey, Graph, Ref
 from magis.ir.dims import OpDims, op_dims, placeholder_dims
 from magis.ir.graph import refs_in
+
+_DIMS: DerivedKey[LazyDims] = DerivedKey("fission.dims")
+_DGRAPH: DerivedKey[DGraph] = DerivedKey("fission.dgraph")
 
 
 def node_dims(graph: Graph) -> Mapping[int, OpDims]:
@@ -36,7 +39,7 @@ def node_dims(graph: Graph) -> Mapping[int, OpDims]:
 
     Computed per node on first access: validating one F-Trans on a fresh graph version (every
     fission move in the search) needs the dims of S's nodes only, not of the whole graph."""
-    return graph.derived("fission.dims", lambda: LazyDims(graph))
+    return graph.derived(_DIMS, lambda: LazyDims(graph))
 
 
 class LazyDims(Mapping):
@@ -156,7 +159,7 @@ class DGraph:
 
 def dgraph(graph: Graph) -> DGraph:
     """The D-Graph of `graph` (cached per graph version)."""
-    return graph.derived("fission.dgraph", lambda: _build(graph))
+    return graph.derived(_DGRAPH, lambda: _build(graph))
 
 
 def _vertices(graph: Graph, dims: dict[int, OpDims]) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import rustworkx as rx
 
-from magis.ir import Graph, PlaceholderKind
+from magis.ir import DerivedKey, Graph, PlaceholderKind
 
 VIRTUAL = -1  # node id of the virtual entry
 
@@ -109,8 +109,11 @@ def _subgraph(graph: Graph, nodes: Sequence[int], entry: int) -> tuple[rx.PyDiGr
     return sub, payload
 
 
+_RANK: DerivedKey[dict[int, int]] = DerivedKey("dom.rank")
+
+
 def _rank(graph: Graph) -> dict[int, int]:
-    return graph.derived("dom.rank", lambda: {n: i for i, n in enumerate(graph.program_order())})
+    return graph.derived(_RANK, lambda: {n: i for i, n in enumerate(graph.program_order())})
 
 
 def _layout(start: int, children: dict[int, list[int]], payload: list[int]) -> DomTree:

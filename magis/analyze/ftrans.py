@@ -35,7 +35,7 @@ from math import gcd
 import rustworkx as rx
 
 from magis.analyze.dgraph import dgraph, has_vertex, node_dims, slot_refs
-from magis.ir import Graph, Ref
+from magis.ir import DerivedKey, Graph, Ref
 
 
 class InputKind(enum.Enum):
@@ -212,10 +212,11 @@ def _convex(graph: Graph, axis_of: dict[int, int]) -> str:
     return ""
 
 
+_TOPO_POS: DerivedKey[dict[int, int]] = DerivedKey("fission.topo_pos")
+
+
 def _topo_pos(graph: Graph) -> dict[int, int]:
-    return graph.derived(
-        "fission.topo_pos", lambda: {n: i for i, n in enumerate(graph.topological_order())}
-    )
+    return graph.derived(_TOPO_POS, lambda: {n: i for i, n in enumerate(graph.topological_order())})
 
 
 def split_of_component(graph: Graph, nodes, component: int) -> FTrans | Rejected:

@@ -4,6 +4,11 @@ The generated function takes the placeholders in graph order and returns the gra
 It mirrors the memory model: every value is dropped (`x = None`) right after its last reader in
 the schedule, so a storage dies when its last alias does — exactly when the simulator frees it.
 In-place updates call the op's `out=` overload with the placeholder as `out`.
+
+A graph may come from a plan file, so nothing of it is pasted into the source unchecked: every
+node passes `magis.ir.schema.check_node` (its op a real ATen overload, its keyword names
+arguments of that overload's schema), the callee is spelled from the resolved overload, names
+become ASCII identifiers, and constants are written by their own type's `repr`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import torch
 from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
-from magis.ir.ops import LOAD_OP, STORE_OP, out_overload, resolve_overload
+from magis.ir.ops import LOAD_OP, STORE_OP, out_overload
+from magis.ir.schema import IDENTIFIER, check_node, shown
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,8 @@ class Program:
 
 
 def _identifier(name: str, taken: set[str]) -> str:
-    ident = re.sub(r"\W", "_", name)
+    # ASCII only: Python folds Unicode identifiers (NFKC), so two distinct names could meet.
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", name)
     if not ident or ident[0].isdigit() or keyword.iskeyword(ident):
         ident = f"v_{ident}"
     base, k = ident, 1
@@ -67,12 +74,19 @@ class Names:
 
 
 def literal(value, names: Names) -> str:
+    """Source for a constant: each type's own repr (a subclass's override is never called)."""
     if isinstance(value, Ref):
         return names[value]
-    if isinstance(value, bool) or value is None or isinstance(value, int | str):
-        return repr(value)
+    if value is None or isinstance(value, bool):
+        return "None" if value is None else ("True" if value else "False")
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, str):
+        return str.__repr__(value)
     if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else f"float('{value}')"
+        if math.isfinite(value):
+            return float.__repr__(value)
+        return "float('nan')" if math.isnan(value) else f"float('{'-' if value < 0 else ''}inf')"
     if isinstance(value, torch.dtype):
         return str(value)
     if isinstance(value, torch.device):
@@ -91,24 +105,28 @@ def literal(value, names: Names) -> str:
 
 def call_source(graph: Graph, nid: int, names: Names) -> str:
     node = graph.node(nid)
-    if graph.info(nid).copy_stream:  # Store / Load: the runtime's host pool does the copy
+    overload = check_node(node, f"node {node.id} ({shown(node.name)})")
+    if overload is None:  # Store / Load: the runtime's host pool does the copy
         verb = "store" if node.op == STORE_OP else "load"
         return f"{verb}({names[node.inputs[0]]})"
     args = [literal(a, names) for a in node.args]
     kwargs = [f"{k}={literal(v, names)}" for k, v in node.kwargs]
-    target = node.op
     if node.writes_into is not None:
-        out = out_overload(node.op)
-        if out is None:
+        overload = out_overload(node.op)
+        if overload is None:
             raise UnsupportedOpError(
                 f"{node.op} has no out= overload to write {node.name} in place"
             )
-        target = f"aten.{out.overloadpacket.__name__}.{out._overloadname}"
         kwargs.append(f"out={names[node.writes_into]}")
-    else:
-        resolve_overload(node.op)  # fail here, naming the op, rather than at run time
-    call = target if target.startswith("aten.") else f"torch.ops.{target}"
-    return f"{call}({', '.join(args + kwargs)})"
+    return f"{_callee(overload)}({', '.join(args + kwargs)})"
+
+
+def _callee(overload: torch._ops.OpOverload) -> str:
+    """'aten.mm.default', spelled from the resolved overload (not from the graph's string)."""
+    packet, name = overload.overloadpacket.__name__, overload._overloadname
+    if not (IDENTIFIER.fullmatch(packet) and IDENTIFIER.fullmatch(name)):
+        raise UnsupportedOpError(f"cannot call the operator {shown(str(overload))} by name")
+    return f"aten.{packet}.{name}"
 
 
 def _last_uses(graph: Graph, order: list[int]) -> dict[int, list[Ref]]:

@@ -20,7 +20,7 @@ import torch
 
 from magis.ir.graph import Graph, PlaceholderKind, Ref
 from magis.ir.ops import resolve_overload
-from magis.ir.tensor import TensorMeta, dtype_name
+from magis.ir.tensor import TensorMeta
 
 
 class GraphBuilder:
@@ -43,7 +43,7 @@ class GraphBuilder:
         dtype: torch.dtype | None = None,
     ) -> Ref:
         t = torch.empty(tuple(shape), dtype=dtype or self.dtype, device="meta")
-        meta = TensorMeta(tuple(t.shape), dtype_name(t.dtype), t.element_size())
+        meta = TensorMeta.of(t)
         ref = Ref(self.graph.add_placeholder(name, meta, kind))
         self._meta[ref] = t
         return ref
@@ -62,9 +62,7 @@ class GraphBuilder:
         meta_kwargs = {k: self._metas(v) for k, v in kwargs.items()}
         out = resolve_overload(op)(*meta_args, **meta_kwargs)
         outs = list(out) if isinstance(out, list | tuple) else [out]
-        metas = tuple(
-            TensorMeta(tuple(t.shape), dtype_name(t.dtype), t.element_size()) for t in outs
-        )
+        metas = tuple(TensorMeta.of(t) for t in outs)
         nid = self.graph.add_op(name or self._name(op), op, tuple(args), kwargs, metas)
         refs = tuple(Ref(nid, i) for i in range(len(outs)))
         for r, t in zip(refs, outs, strict=True):

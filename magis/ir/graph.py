@@ -5,91 +5,56 @@ A node is one ATen op call (or a placeholder) with constant arguments, the value
 outputs and consumers refer to them by index, so there are no getitem nodes.
 
 The graph is mutable only through a few checked methods (`add_placeholder`, `add_op`,
-`remove_node`, `add_control_dep`, `set_outputs`); every derived fact (storages, topological
-order, users) is recomputed from the current version when asked, never reset by hand.
+`remove_node`, `add_control_dep`, `set_outputs`, `replace_uses`); every derived fact (storages,
+topological order, the simulator's tables, the scheduling problem) is a value of one graph
+version, cached under a typed `DerivedKey` and dropped by every mutation (`_invalidate`): no
+code outside this module resets it.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
 import rustworkx as rx
 
-from magis.ir.ops import DEFAULT_REGISTRY, OpInfo, OpRegistry
+from magis.ir.node import Node, NodeKind, PlaceholderKind, Ref, map_refs, refs_in
+from magis.ir.ops import DEFAULT_REGISTRY, LOAD_OP, STORE_OP, OpInfo, OpRegistry
+from magis.ir.storage import StorageMap
 from magis.ir.tensor import TensorMeta
 
+__all__ = [
+    "DerivedKey",
+    "Graph",
+    "GraphError",
+    "Node",
+    "NodeKind",
+    "PlaceholderKind",
+    "Ref",
+    "StorageMap",
+    "map_refs",
+    "refs_in",
+]
 
-@dataclass(frozen=True, slots=True, order=True)
-class Ref:
-    """Output `index` of node `node`."""
-
-    node: int
-    index: int = 0
-
-
-class NodeKind(enum.Enum):
-    PLACEHOLDER = "placeholder"
-    OP = "op"
-
-
-class PlaceholderKind(enum.Enum):
-    """What an input of the step holds; decides how the peak breakdown counts it."""
-
-    WEIGHT = "weight"
-    BUFFER = "buffer"
-    OPT_STATE = "optimizer_state"
-    DATA = "data"
-    CONSTANT = "constant"  # a tensor the traced code created from Python data (a get_attr)
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
-    id: int
+@dataclass(frozen=True, eq=False)
+class DerivedKey(Generic[T]):
+    """The name of one fact derived from a graph version, of type T.
+
+    Create one per fact, once, in the module that computes it (``PROBLEM =
+    DerivedKey[Problem]("schedule.problem")``). Keys compare by identity, so two packages can
+    never read each other's facts by choosing the same name; `name` is for messages only.
+    """
+
     name: str
-    op: str  # "placeholder" or an overload name such as "aten.mm.default"
-    kind: NodeKind
-    args: tuple = ()  # constants and Refs (lists of Refs for cat and friends)
-    kwargs: tuple[tuple[str, Any], ...] = ()
-    outputs: tuple[TensorMeta, ...] = ()
-    placeholder_kind: PlaceholderKind | None = None
-    # The output is written into this placeholder's storage (optimizer and running-stat
-    # updates): it allocates nothing, and every other reader of the old value runs before it.
-    writes_into: Ref | None = None
-    inputs: tuple[Ref, ...] = field(default=())  # distinct Refs in args/kwargs, in order
-
-    @property
-    def is_placeholder(self) -> bool:
-        return self.kind is NodeKind.PLACEHOLDER
-
-    @property
-    def kwargs_dict(self) -> dict[str, Any]:
-        return dict(self.kwargs)
-
-    def out(self, index: int = 0) -> Ref:
-        return Ref(self.id, index)
 
 
-def refs_in(value: Any) -> Iterator[Ref]:
-    """Every Ref inside an argument value (lists and tuples searched)."""
-    if isinstance(value, Ref):
-        yield value
-    elif isinstance(value, list | tuple):
-        for v in value:
-            yield from refs_in(v)
-
-
-def map_refs(value: Any, fn) -> Any:
-    """`value` with every Ref replaced by fn(ref), lists and tuples rebuilt."""
-    if isinstance(value, Ref):
-        return fn(value)
-    if isinstance(value, list):
-        return [map_refs(v, fn) for v in value]
-    if isinstance(value, tuple):
-        return tuple(map_refs(v, fn) for v in value)
-    return value
+_TOPO: DerivedKey[list[int]] = DerivedKey("ir.topological_order")
+_COPY_NODES: DerivedKey[frozenset[int]] = DerivedKey("ir.copy_nodes")
+_STORAGES: DerivedKey[StorageMap] = DerivedKey("ir.storages")
 
 
 class GraphError(ValueError):
@@ -111,7 +76,7 @@ class Graph:
         # every add_op consults it (a whole-graph recount there made graph building quadratic)
         self._writers: dict[int, int] = {}
         self._next_id = 0
-        self._derived: dict[str, Any] = {}
+        self._derived: dict[DerivedKey[Any], Any] = {}
 
     # --- construction ---------------------------------------------------------------------
 
@@ -192,7 +157,7 @@ class Graph:
         self._nodes[node.id] = node
         self._index[node.id] = self._dag.add_node(node.id)
         self._next_id = max(self._next_id, node.id) + 1
-        self._derived.clear()
+        self._invalidate()
         return node.id
 
     def restore_node(self, node: Node) -> int:
@@ -217,14 +182,14 @@ class Graph:
         a, b = self._index[before], self._index[after]
         if not self._dag.has_edge(a, b):
             self._dag.add_edge(a, b, "control")
-        self._derived.clear()
+        self._invalidate()
 
     def set_outputs(self, refs: Iterable[Ref]) -> None:
         refs = tuple(refs)
         for ref in refs:
             self._check_ref(ref)
         self._outputs = refs
-        self._derived.clear()
+        self._invalidate()
 
     def replace_uses(self, old: Ref, new: Ref, users: Iterable[int] | None = None) -> list[int]:
         """Make `users` (default: every user of `old`, and the graph's outputs) read `new`
@@ -250,7 +215,7 @@ class Graph:
             self._rewire(uid, node.inputs, inputs)
             self._order_before_writers(uid)
             changed.append(uid)
-        self._derived.clear()
+        self._invalidate()
         return changed
 
     def _rewire(self, uid: int, before: tuple[Ref, ...], after: tuple[Ref, ...]) -> None:
@@ -288,7 +253,7 @@ class Graph:
         self._control.pop(nid, None)
         for deps in self._control.values():
             deps.discard(nid)
-        self._derived.clear()
+        self._invalidate()
 
     def _check_ref(self, ref: Ref) -> None:
         node = self._nodes.get(ref.node)
@@ -374,7 +339,7 @@ class Graph:
 
     def topological_order(self) -> list[int]:
         """A topological order, ties broken by program order (deterministic)."""
-        return self.derived("topo", self._compute_topo)
+        return self.derived(_TOPO, self._compute_topo)
 
     def meta_args(self, nid: int) -> tuple[tuple, dict[str, Any]]:
         """The node's args and kwargs with every Ref replaced by its TensorMeta (cost terms)."""
@@ -385,11 +350,18 @@ class Graph:
 
     # --- derived facts --------------------------------------------------------------------
 
-    def derived(self, key: str, compute):
-        """A fact computed from this version of the graph, kept until the graph changes."""
+    def derived(self, key: DerivedKey[T], compute: Callable[[], T]) -> T:
+        """The fact `key` of this graph version: `compute()` on first use, kept until the graph
+        changes."""
+        if not isinstance(key, DerivedKey):
+            raise TypeError(f"derived facts are keyed by a DerivedKey, not {key!r}")
         if key not in self._derived:
             self._derived[key] = compute()
         return self._derived[key]
+
+    def _invalidate(self) -> None:
+        """Every mutation calls this: derived facts belong to the version that computed them."""
+        self._derived.clear()
 
     def _compute_topo(self) -> list[int]:
         rank = {nid: i for i, nid in enumerate(self._nodes)}
@@ -398,32 +370,22 @@ class Graph:
 
     def copy_nodes(self) -> frozenset[int]:
         """The Store and Load nodes (the copy stream's), once per graph version."""
-        from magis.ir.ops import LOAD_OP, STORE_OP
 
         def build() -> frozenset[int]:
             return frozenset(n for n, node in self._nodes.items() if node.op in (STORE_OP, LOAD_OP))
 
-        return self.derived("copy_nodes", build)
+        return self.derived(_COPY_NODES, build)
 
     def storages(self) -> StorageMap:
         """Storage and alias bookkeeping for the current version (see `StorageMap`)."""
-        return self.derived("storages", lambda: StorageMap.build(self))
+        return self.derived(_STORAGES, lambda: StorageMap.build(self))
 
-    def storages_from(
-        self,
-        parent: Graph,
-        added: Iterable[int],
-        changed: Iterable[int],
-        removed: Iterable[int] = (),
-    ) -> StorageMap:
-        """This version's StorageMap, derived from `parent`'s: this graph is `parent` with
-        `added` nodes, `changed` nodes (inputs re-wired) and `removed` nodes. A search step
-        touches a handful of nodes; the full build walks them all, per state."""
-        if "storages" not in self._derived:
-            self._derived["storages"] = StorageMap.update(
-                parent.storages(), parent, self, set(added), set(changed), set(removed)
-            )
-        return self._derived["storages"]
+    def set_storages(self, storages: StorageMap) -> None:
+        """Install `storages` as this version's StorageMap, computed elsewhere from a parent's
+        (`derive_storages`): a search step touches a handful of nodes, and the full build walks
+        them all, per state. The caller vouches that it equals `StorageMap.build(self)`; the next
+        mutation drops it like every derived fact."""
+        self._derived[_STORAGES] = storages
 
     # --- checks ---------------------------------------------------------------------------
 
@@ -461,161 +423,16 @@ class Graph:
         }
 
 
-@dataclass(frozen=True)
-class StorageMap:
-    """Which storage every value lives in (MAGIS counts storages, not tensors).
-
-    A view's outputs share the storage of its first tensor argument; an in-place update's output
-    shares the storage it writes into; every other output allocates a storage of its own, named
-    by the Ref that allocated it. A storage is live from its allocation until the last reader of
-    any of its aliases has run; storages of placeholders are resident throughout.
-    """
-
-    base: dict[Ref, Ref]  # value -> the Ref that allocated its storage
-    nbytes: dict[Ref, int]  # storage (allocating Ref) -> bytes
-    readers: dict[Ref, list[int]]  # storage -> nodes that read any alias of it
-    resident: frozenset[Ref]  # storages of placeholders
-    outputs: frozenset[Ref]  # storages that are graph outputs (live until the end)
-    host: frozenset[Ref] = frozenset()  # storages in host memory (made by a Store)
-
-    @staticmethod
-    def build(graph: Graph) -> StorageMap:
-        # Any topological order will do (a view's base is known before the view): rustworkx's
-        # plain sort is C-speed, unlike the program-order-stable one. This runs once per
-        # graph version, thousands of times in a search.
-        dag = graph.dag
-        order = [dag[i] for i in rx.topological_sort(dag)]
-        nodes = graph.nodes
-        lookup = graph.registry.lookup
-        base: dict[Ref, Ref] = {}
-        nbytes: dict[Ref, int] = {}
-        host: set[Ref] = set()
-        readers: dict[Ref, list[int]] = {}
-        for nid in order:
-            node = nodes[nid]
-            info = None if node.is_placeholder else lookup(node.op)
-            aliased = _aliased_input(node, info)
-            for s in {base[r] for r in node.inputs}:
-                readers[s].append(nid)
-            for i, meta in enumerate(node.outputs):
-                ref = Ref(nid, i)
-                if aliased is not None:
-                    base[ref] = base[aliased]
-                else:
-                    base[ref] = ref
-                    nbytes[ref] = meta.nbytes
-                    readers[ref] = []
-                    if info is not None and info.host_output:
-                        host.add(ref)
-        resident = frozenset(base[Ref(p, 0)] for p in graph.placeholders())
-        outs = frozenset(base[r] for r in graph.outputs)
-        return StorageMap(base, nbytes, readers, resident, outs, frozenset(host))
-
-    @staticmethod
-    def update(
-        old: StorageMap,
-        parent: Graph,
-        graph: Graph,
-        added: set[int],
-        changed: set[int],
-        removed: set[int],
-    ) -> StorageMap:
-        """`StorageMap.build(graph)`, computed from `old` (the parent's map) for a rewrite that
-        added, re-wired and removed the given nodes (see `Graph.storages_from`).
-
-        A node's storage can only move if it aliases (a view, an in-place write) a value whose
-        storage moved, so the nodes re-resolved are the touched ones and their aliasing
-        descendants; the readers re-registered are those and every node reading them."""
-        lookup = graph.registry.lookup
-        nodes = graph.nodes
-        dirty = _aliasing_closure(graph, (added | changed) - removed, lookup)
-        reread = {u for n in dirty for u in graph.successors(n)} | dirty
-        base = dict(old.base)
-        nbytes = dict(old.nbytes)
-        readers = dict(old.readers)
-        host = set(old.host)
-        for n in (reread | removed) & parent.nodes.keys():
-            for s in {old.base[r] for r in parent.node(n).inputs}:
-                if s in readers:
-                    readers[s] = [x for x in readers[s] if x != n]
-        for n in (dirty | removed) & parent.nodes.keys():
-            for i in range(len(parent.node(n).outputs)):
-                ref = Ref(n, i)
-                base.pop(ref, None)
-                if n in removed or ref not in old.nbytes:
-                    nbytes.pop(ref, None)
-                    readers.pop(ref, None)
-                    host.discard(ref)
-        for n in _topological(graph, dirty):
-            node = nodes[n]
-            info = lookup(node.op)
-            aliased = _aliased_input(node, info)
-            for i, meta in enumerate(node.outputs):
-                ref = Ref(n, i)
-                if aliased is not None:
-                    base[ref] = base[aliased]
-                    nbytes.pop(ref, None)
-                    readers.pop(ref, None)
-                    continue
-                base[ref] = ref
-                nbytes[ref] = meta.nbytes
-                readers.setdefault(ref, [])
-                if info.host_output:
-                    host.add(ref)
-        for n in reread:
-            for s in {base[r] for r in nodes[n].inputs}:
-                readers[s] = [*readers[s], n]
-        outs = frozenset(base[r] for r in graph.outputs)
-        return StorageMap(base, nbytes, readers, old.resident, outs, frozenset(host))
-
-    def storage_of(self, ref: Ref) -> Ref:
-        return self.base[ref]
-
-    def allocations(self, nid: int, graph: Graph) -> list[Ref]:
-        """Storages that running `nid` allocates."""
-        return [
-            Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes
-        ]
-
-
-def _aliasing_closure(graph: Graph, start: set[int], lookup) -> set[int]:
-    """`start` and every node that aliases (views, writes into) one of them, transitively."""
-    out = set(start)
-    stack = list(start)
-    while stack:
-        for u in graph.successors(stack.pop()):
-            if u in out:
-                continue
-            node = graph.node(u)
-            if node.writes_into is not None or lookup(node.op).is_view:
-                out.add(u)
-                stack.append(u)
-    return out
-
-
-def _topological(graph: Graph, subset: set[int]) -> list[int]:
-    """`subset` in an order where each node follows its predecessors within the subset."""
-    done: set[int] = set()
-    out: list[int] = []
-    for n in sorted(subset):
-        stack = [(n, False)]
-        while stack:
-            v, expanded = stack.pop()
-            if v in done:
-                continue
-            if expanded:
-                done.add(v)
-                out.append(v)
-                continue
-            stack.append((v, True))
-            stack.extend((p, False) for p in graph.predecessors(v) if p in subset and p not in done)
-    return out
-
-
-def _aliased_input(node: Node, info: OpInfo | None) -> Ref | None:
-    """The input whose storage the node's outputs share, or None when they allocate."""
-    if node.writes_into is not None:
-        return node.writes_into
-    if info is None or not info.is_view:
-        return None
-    return next(refs_in(node.args), None)
+def derive_storages(
+    parent: Graph,
+    child: Graph,
+    added: Iterable[int],
+    changed: Iterable[int],
+    removed: Iterable[int] = (),
+) -> StorageMap:
+    """`child`'s StorageMap computed from `parent`'s, where `child` is `parent` with `added` nodes,
+    `changed` nodes (inputs re-wired) and `removed` nodes. Pure: install it with
+    `child.set_storages`."""
+    return StorageMap.update(
+        parent.storages(), parent, child, set(added), set(changed), set(removed)
+    )

@@ -1,29 +1,22 @@
-"""Tensor metadata: what the memory model needs to know of a value, and nothing it does not."""
+"""Tensor metadata: what the memory model and the meta check need to know of a value."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+# Every dtype this torch has, by its canonical name ('float32', not 'float'): the names a plan
+# file may use. A name is looked up here, never as an attribute of torch.
 _DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.complex64,
-        torch.complex128,
-    )
+    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
 }
+DTYPE_NAMES: frozenset[str] = frozenset(_DTYPES)
+
+
+class UnknownDtypeError(ValueError):
+    """A dtype name outside `DTYPE_NAMES` (a plan file is never trusted to name attributes)."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -32,22 +25,43 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        return getattr(torch, name)
-    return _DTYPES[name]
+    """The dtype named `name`, one of `DTYPE_NAMES` (never an arbitrary torch attribute)."""
+    dtype = _DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise UnknownDtypeError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of `shape`, as torch computes them (a size-0 or 1 dim counts as 1)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True, slots=True)
 class TensorMeta:
-    """Shape, dtype and size in bytes of one output of one node.
+    """Shape, dtype, size in bytes and strides of one output of one node.
 
     `nbytes` is the size of the storage the producing op allocates; for a view it is the view's
     own extent, which is never counted on its own (its base's storage is).
+
+    `strides` are the ones the captured program produced (a channels-last convolution gradient
+    is not row-major). Left out, they are row-major: the contract for a node a rule creates is
+    that its outputs are contiguous unless the rule says otherwise. The meta check
+    (`magis.backend.meta_check`) holds every graph to its recorded strides.
     """
 
     shape: tuple[int, ...]
     dtype: str
     itemsize: int
+    strides: tuple[int, ...] = field(default=None)  # type: ignore[assignment]  # set below
+
+    def __post_init__(self) -> None:
+        if self.strides is None:
+            object.__setattr__(self, "strides", contiguous_strides(self.shape))
 
     @property
     def numel(self) -> int:
@@ -63,11 +77,17 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
-        return TensorMeta(tuple(int(s) for s in t.shape), dtype_name(t.dtype), t.element_size())
+        return TensorMeta(
+            tuple(int(s) for s in t.shape),
+            dtype_name(t.dtype),
+            t.element_size(),
+            tuple(int(s) for s in t.stride()),
+        )
 
     def to_json(self) -> dict:
-        return {"shape": list(self.shape), "dtype": self.dtype, "itemsize": self.itemsize}
-
-    @staticmethod
-    def from_json(d: dict) -> TensorMeta:
-        return TensorMeta(tuple(d["shape"]), d["dtype"], d["itemsize"])
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "itemsize": self.itemsize,
+            "strides": list(self.strides),
+        }

@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from magis.ir import Graph
+from magis.ir import DerivedKey, Graph
 from magis.schedule.memo import DpMemo
 from magis.schedule.narrow_waist import nw_values
 from magis.schedule.problem import Problem, problem_of
-from magis.schedule.scheduler import debug_enabled, simulated_peak
+from magis.schedule.scheduler import simulated_peak
 from magis.schedule.solve import Options, SegmentInfo, polish, solve, step_memory
 
 # ExtendBound's constants (Alg. 2 line 4)
@@ -61,10 +61,13 @@ def unit_schedule(problem: Problem, order: Iterable[int]) -> list[int]:
     return units
 
 
+_UNIT_NW: DerivedKey[dict[int, int]] = DerivedKey("schedule.nw")
+
+
 def unit_nw(graph: Graph) -> dict[int, int]:
     """nw of every unit of the graph, placeholders excluded (cached per graph version)."""
     problem = problem_of(graph)
-    return graph.derived("schedule.nw", lambda: nw_values(problem, range(problem.n)))
+    return graph.derived(_UNIT_NW, lambda: nw_values(problem, range(problem.n)))
 
 
 def extend_bound(psi: Sequence[int], nw: dict[int, int], i: int, d: int) -> int:
@@ -130,7 +133,7 @@ def incremental_schedule(
     new_graph: Graph,
     changed: Iterable[int],
     options: Options | None = None,
-    check: bool | None = None,
+    check: bool = False,
     memo: DpMemo | None = None,
 ) -> IncrementalResult:
     """Alg. 2: reschedule the interval around the old nodes `changed`, keep the rest. A `memo`
@@ -148,7 +151,7 @@ def incremental_schedule(
     units, _ = polish(new, [*prefix, *sol.units, *suffix], (), options, sol.expanded, memo)
     order = tuple(new.full_order(units))
     peak = new.resident + max(step_memory(new, units), default=0)
-    if check if check is not None else debug_enabled():
+    if check:
         assert new_graph.is_valid_schedule(list(order)), "incremental order violates a dependency"
         assert peak == simulated_peak(new_graph, order), "incremental peak is not the simulated one"
     return IncrementalResult(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from magis.ir import Graph
+from magis.ir import DerivedKey, Graph
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,12 @@ class Problem:
         return sum(self.sbytes[s] for s in self.makes[u] if self.sreaders[s] or self.soutput[s])
 
 
+_PROBLEM: DerivedKey[Problem] = DerivedKey("schedule.problem")
+
+
 def problem_of(graph: Graph) -> Problem:
     """The scheduling problem of this graph version (cached until the graph changes)."""
-    return graph.derived("schedule.problem", lambda: _build(graph))
+    return graph.derived(_PROBLEM, lambda: _build(graph))
 
 
 def _build(graph: Graph) -> Problem:

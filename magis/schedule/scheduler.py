@@ -3,15 +3,14 @@
 `schedule(graph, Scheduler.DP)` re-orders a graph for the least peak memory without changing what
 runs, so its latency is the program order's (without Store/Load, the sum of operator times), nor
 what it computes: ops that draw from the random generator keep their program order.
-Every returned order is a topological order of the graph; with ``check=True`` or the environment
-variable ``MAGIS_DEBUG=1`` that is asserted, and so is the claimed peak against
-`magis.sim.memory_timeline`.
+Every returned order is a topological order of the graph; with ``check=True`` that is asserted,
+and so is the claimed peak against `magis.sim.memory_timeline` (tests turn it on; a search, which
+schedules thousands of states, leaves it off).
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import time
 from dataclasses import dataclass
 
@@ -63,17 +62,14 @@ class ScheduleResult:
         return sum(1 for s in self.segments if s.exact)
 
 
-def debug_enabled() -> bool:
-    return os.environ.get("MAGIS_DEBUG", "") not in ("", "0")
-
-
 def schedule(
     graph: Graph,
     scheduler: Scheduler | str = Scheduler.DP,
     budget: int = DEFAULT_BUDGET,
-    check: bool | None = None,
+    check: bool = False,
 ) -> ScheduleResult:
-    """Schedule `graph`; `budget` caps the DP's state expansions per segment."""
+    """Schedule `graph`; `budget` caps the DP's state expansions per segment; `check` asserts
+    the result (`verify_schedule`)."""
     kind = Scheduler.parse(scheduler)
     start = time.perf_counter()
     problem = problem_of(graph)
@@ -94,7 +90,7 @@ def schedule(
     if peak is None:
         peak = simulated_peak(graph, order)
     result = ScheduleResult(kind, order, peak, segments, seconds)
-    if check if check is not None else debug_enabled():
+    if check:
         verify_schedule(graph, result)
     return result
 

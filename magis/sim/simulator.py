@@ -28,7 +28,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
-from magis.ir import Graph, PlaceholderKind, Ref
+from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
 
 
 class Category(enum.Enum):
@@ -99,8 +99,12 @@ class _Tables:
     copy_nodes: frozenset[int]
 
 
+_TABLES: DerivedKey[_Tables] = DerivedKey("sim.tables")
+_CATEGORIES: DerivedKey[tuple[Category, ...]] = DerivedKey("sim.categories")
+
+
 def _tables(graph: Graph) -> _Tables:
-    return graph.derived("sim.tables", lambda: _build_tables(graph))
+    return graph.derived(_TABLES, lambda: _build_tables(graph))
 
 
 def _build_tables(graph: Graph) -> _Tables:
@@ -142,7 +146,7 @@ def _storage_categories(graph: Graph) -> tuple[Category, ...]:
         cats = _categories(graph)
         return tuple(cats.get(s, Category.TEMPORARIES) for s in _tables(graph).storages)
 
-    return graph.derived("sim.categories", build)
+    return graph.derived(_CATEGORIES, build)
 
 
 def _categories(graph: Graph) -> dict[Ref, Category]:

@@ -1,0 +1,174 @@
+"""Storages and aliases: which storage every value lives in (MAGIS counts storages, not tensors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import rustworkx as rx
+
+from magis.ir.node import Node, Ref, refs_in
+from magis.ir.ops import OpInfo
+
+if TYPE_CHECKING:
+    from magis.ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class StorageMap:
+    """Which storage every value lives in (MAGIS counts storages, not tensors).
+
+    A view's outputs share the storage of its first tensor argument; an in-place update's output
+    shares the storage it writes into; every other output allocates a storage of its own, named
+    by the Ref that allocated it. A storage is live from its allocation until the last reader of
+    any of its aliases has run; storages of placeholders are resident throughout.
+    """
+
+    base: dict[Ref, Ref]  # value -> the Ref that allocated its storage
+    nbytes: dict[Ref, int]  # storage (allocating Ref) -> bytes
+    readers: dict[Ref, list[int]]  # storage -> nodes that read any alias of it
+    resident: frozenset[Ref]  # storages of placeholders
+    outputs: frozenset[Ref]  # storages that are graph outputs (live until the end)
+    host: frozenset[Ref] = frozenset()  # storages in host memory (made by a Store)
+
+    @staticmethod
+    def build(graph: Graph) -> StorageMap:
+        # Any topological order will do (a view's base is known before the view): rustworkx's
+        # plain sort is C-speed, unlike the program-order-stable one. This runs once per
+        # graph version, thousands of times in a search.
+        dag = graph.dag
+        order = [dag[i] for i in rx.topological_sort(dag)]
+        nodes = graph.nodes
+        lookup = graph.registry.lookup
+        base: dict[Ref, Ref] = {}
+        nbytes: dict[Ref, int] = {}
+        host: set[Ref] = set()
+        readers: dict[Ref, list[int]] = {}
+        for nid in order:
+            node = nodes[nid]
+            info = None if node.is_placeholder else lookup(node.op)
+            aliased = _aliased_input(node, info)
+            for s in {base[r] for r in node.inputs}:
+                readers[s].append(nid)
+            for i, meta in enumerate(node.outputs):
+                ref = Ref(nid, i)
+                if aliased is not None:
+                    base[ref] = base[aliased]
+                else:
+                    base[ref] = ref
+                    nbytes[ref] = meta.nbytes
+                    readers[ref] = []
+                    if info is not None and info.host_output:
+                        host.add(ref)
+        resident = frozenset(base[Ref(p, 0)] for p in graph.placeholders())
+        outs = frozenset(base[r] for r in graph.outputs)
+        return StorageMap(base, nbytes, readers, resident, outs, frozenset(host))
+
+    @staticmethod
+    def update(
+        old: StorageMap,
+        parent: Graph,
+        graph: Graph,
+        added: set[int],
+        changed: set[int],
+        removed: set[int],
+    ) -> StorageMap:
+        """`StorageMap.build(graph)`, computed from `old` (the parent's map) for a rewrite that
+        added, re-wired and removed the given nodes (see `derive_storages`).
+
+        A node's storage can only move if it aliases (a view, an in-place write) a value whose
+        storage moved, so the nodes re-resolved are the touched ones and their aliasing
+        descendants; the readers re-registered are those and every node reading them."""
+        lookup = graph.registry.lookup
+        nodes = graph.nodes
+        dirty = _aliasing_closure(graph, (added | changed) - removed, lookup)
+        reread = {u for n in dirty for u in graph.successors(n)} | dirty
+        base = dict(old.base)
+        nbytes = dict(old.nbytes)
+        readers = dict(old.readers)
+        host = set(old.host)
+        for n in (reread | removed) & parent.nodes.keys():
+            for s in {old.base[r] for r in parent.node(n).inputs}:
+                if s in readers:
+                    readers[s] = [x for x in readers[s] if x != n]
+        for n in (dirty | removed) & parent.nodes.keys():
+            for i in range(len(parent.node(n).outputs)):
+                ref = Ref(n, i)
+                base.pop(ref, None)
+                if n in removed or ref not in old.nbytes:
+                    nbytes.pop(ref, None)
+                    readers.pop(ref, None)
+                    host.discard(ref)
+        for n in _topological(graph, dirty):
+            node = nodes[n]
+            info = lookup(node.op)
+            aliased = _aliased_input(node, info)
+            for i, meta in enumerate(node.outputs):
+                ref = Ref(n, i)
+                if aliased is not None:
+                    base[ref] = base[aliased]
+                    nbytes.pop(ref, None)
+                    readers.pop(ref, None)
+                    continue
+                base[ref] = ref
+                nbytes[ref] = meta.nbytes
+                readers.setdefault(ref, [])
+                if info.host_output:
+                    host.add(ref)
+        for n in reread:
+            for s in {base[r] for r in nodes[n].inputs}:
+                readers[s] = [*readers[s], n]
+        outs = frozenset(base[r] for r in graph.outputs)
+        return StorageMap(base, nbytes, readers, old.resident, outs, frozenset(host))
+
+    def storage_of(self, ref: Ref) -> Ref:
+        return self.base[ref]
+
+    def allocations(self, nid: int, graph: Graph) -> list[Ref]:
+        """Storages that running `nid` allocates."""
+        return [
+            Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes
+        ]
+
+
+def _aliasing_closure(graph: Graph, start: set[int], lookup) -> set[int]:
+    """`start` and every node that aliases (views, writes into) one of them, transitively."""
+    out = set(start)
+    stack = list(start)
+    while stack:
+        for u in graph.successors(stack.pop()):
+            if u in out:
+                continue
+            node = graph.node(u)
+            if node.writes_into is not None or lookup(node.op).is_view:
+                out.add(u)
+                stack.append(u)
+    return out
+
+
+def _topological(graph: Graph, subset: set[int]) -> list[int]:
+    """`subset` in an order where each node follows its predecessors within the subset."""
+    done: set[int] = set()
+    out: list[int] = []
+    for n in sorted(subset):
+        stack = [(n, False)]
+        while stack:
+            v, expanded = stack.pop()
+            if v in done:
+                continue
+            if expanded:
+                done.add(v)
+                out.append(v)
+                continue
+            stack.append((v, True))
+            stack.extend((p, False) for p in graph.predecessors(v) if p in subset and p not in done)
+    return out
+
+
+def _aliased_input(node: Node, info: OpInfo | None) -> Ref | None:
+    """The input whose storage the node's outputs share, or None when they allocate."""
+    if node.writes_into is not None:
+        return node.writes_into
+    if info is None or not info.is_view:
+        return None
+    return next(refs_in(node.args), None)
