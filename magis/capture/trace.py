@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch._guards import detect_fake_mode
@@ -40,6 +41,8 @@ class Step:
     output_names: list[str]
     example_inputs: tuple = field(default=(), repr=False)  # fake or real, as given
     constants: tuple = field(default=(), repr=False)  # values of the CONSTANT placeholders
+    # Trainable parameters the loss does not reach: no gradient, left as they are.
+    untrained: tuple[str, ...] = ()
 
     def program_inputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """What a generated program takes: the step's inputs, then its tensor constants."""
@@ -153,9 +156,37 @@ def _as_tuple_fn(fn: Callable) -> Callable[..., tuple]:
     return wrapped
 
 
+class UpdateRule(Protocol):
+    """What a captured training step does with its gradients: an optimizer in tensor ops.
+
+    `state_names(i)` names the state tensors that trainable parameter i carries (each becomes an
+    OPT_STATE placeholder shaped like the parameter); `scalar_names()` names the 0-dim inputs the
+    update reads (hyperparameters: OPT_STATE placeholders, so that a learning-rate schedule is a
+    new input value rather than a new graph). `update` writes the new parameters and state in
+    place, as torch.optim does; a gradient is None for a parameter the loss does not reach.
+    """
+
+    def state_names(self, index: int) -> tuple[str, ...]: ...
+
+    def scalar_names(self) -> tuple[str, ...]: ...
+
+    def update(
+        self,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor | None],
+        state: Sequence[Sequence[torch.Tensor]],
+        scalars: Sequence[torch.Tensor],
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """Plain SGD (p -= lr g) or Adam with bias correction at a fixed step count."""
+    """The zoo's fixed optimizer: plain SGD (p -= lr g), or Adam at a fixed step count.
+
+    Its hyperparameters are constants of the graph and it has no scalar inputs: it describes one
+    step for analysis (`magis analyze`, `optimize`, `run` on the zoo). Training with a
+    `torch.optim` optimizer, a schedule and a real step count goes through `magis.compile`.
+    """
 
     kind: str | None = "sgd"
     lr: float = 1e-3
@@ -163,29 +194,30 @@ class OptimizerSpec:
     eps: float = 1e-8
     step: int = 1
 
-    def state_per_param(self) -> int:
-        return 2 if self.kind == "adam" else 0
+    def state_names(self, index: int) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq") if self.kind == "adam" else ()
 
-    def update(
-        self, params: list[torch.Tensor], grads: Sequence[torch.Tensor], state: list[torch.Tensor]
-    ) -> None:
+    def scalar_names(self) -> tuple[str, ...]:
+        return ()
+
+    def update(self, params, grads, state, scalars=()) -> None:
         """Update `params` (and `state`) in place, as torch.optim would."""
         with torch.no_grad():
-            if self.kind == "sgd":
-                for p, g in zip(params, grads, strict=True):
+            for p, g, s in zip(params, grads, state, strict=True):
+                if g is None:
+                    continue
+                if self.kind == "sgd":
                     p.sub_(g, alpha=self.lr)
-            elif self.kind == "adam":
-                self._adam(params, grads, state)
+                elif self.kind == "adam":
+                    self._adam(p, g, *s)
 
-    def _adam(self, params, grads, state) -> None:
+    def _adam(self, p, g, m, v) -> None:
         b1, b2 = self.betas
         c1, c2 = 1 - b1**self.step, 1 - b2**self.step
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            m, v = state[2 * i], state[2 * i + 1]
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v / c2).sqrt_().add_(self.eps)
-            p.addcdiv_(m, denom, value=-self.lr / c1)
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (v / c2).sqrt_().add_(self.eps)
+        p.addcdiv_(m, denom, value=-self.lr / c1)
 
 
 def training_step(
@@ -195,56 +227,152 @@ def training_step(
     optimizer: str | None = "sgd",
     lr: float = 1e-3,
 ) -> Step:
-    """Capture forward, backward and weight update of `model` as one Graph.
+    """Capture forward, backward and weight update of `model` as one Graph (the zoo's step).
 
     Without `loss_fn`, `model(*example_inputs)` must return the loss (a scalar tensor, or an
     output with `.loss`). With `loss_fn`, the first input is the model's input and
     `loss_fn(model(example_inputs[0]), *example_inputs)` is the loss (labels are the remaining
     inputs). `optimizer` is "sgd", "adam" or None (then the gradients are outputs).
     Parameters and buffers may be real or fake; nothing is allocated either way.
+    (`magis.compile` captures a user's `loss_fn(model, *batch)` and `torch.optim` optimizer.)
     """
     if optimizer not in OPTIMIZERS:
         raise MagisError(f"unknown optimizer {optimizer!r}; use one of sgd, adam or None")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    spec = OptimizerSpec(optimizer, lr)
-    param_names = [n for n, p in model.named_parameters() if p.requires_grad]
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    if loss_fn is None:
+        loss = lambda m, *data: loss_of(m(*data))  # noqa: E731
+    else:
+        loss = lambda m, *data: loss_fn(m(data[0]), *data)  # noqa: E731
+    return capture_training(
+        model,
+        loss,
+        inputs,
+        None if optimizer is None else OptimizerSpec(optimizer, lr),
+        params=trained,
+        data_names=[f"input{i}" for i in range(len(inputs))],
+    )
+
+
+def capture_training(
+    model: torch.nn.Module,
+    loss: Callable[..., torch.Tensor],
+    data: Sequence[torch.Tensor],
+    rule: UpdateRule | None,
+    *,
+    params: Sequence[str] | None = None,
+    trainable: Sequence[str] | None = None,
+    scalars: Sequence[torch.Tensor] = (),
+    data_names: Sequence[str] | None = None,
+) -> Step:
+    """Capture `loss(model, *data)`, its gradients and `rule`'s update as one Graph.
+
+    Placeholders, in order: the parameters named in `params` (default: all; WEIGHT), every
+    buffer (BUFFER), the state of each parameter in `trainable` (default: `params`; OPT_STATE),
+    `rule.scalar_names()` (example values `scalars`; OPT_STATE), `data` (DATA). Gradients are
+    taken for `trainable` only. With `rule` None the outputs are the loss and the gradients,
+    else the loss alone; `Step.untrained` names the trainable parameters the loss does not reach
+    (the rule leaves them, and their state, untouched, as torch.optim does).
+    """
+    params = [n for n, _ in model.named_parameters()] if params is None else list(params)
+    trainable = list(params) if trainable is None else list(trainable)
     buffer_names = [n for n, _ in model.named_buffers()]
-    fn = _step_fn(model, param_names, buffer_names, len(inputs), loss_fn, spec)
-    mode = _fake_mode([*model.parameters(), *model.buffers(), *inputs])
+    state_names = [rule.state_names(i) if rule else () for i in range(len(trainable))]
+    scalar_names = list(rule.scalar_names()) if rule else []
+    if len(scalars) != len(scalar_names):
+        raise ValueError(f"{len(scalar_names)} scalars named, {len(scalars)} given")
+    layout = _Layout(params, trainable, buffer_names, state_names, scalar_names, len(data))
+    untrained: list[str] = []
+    fn = _step_fn(_LossModule(model, loss), layout, rule, untrained)
+    real_params = _named(model.named_parameters(), params)
+    real_buffers = _named(model.named_buffers(), buffer_names)
+    mode = _fake_mode([*real_params, *real_buffers, *scalars, *data])
     with mode:
-        params = [
-            _to_fake(mode, p.detach()).requires_grad_()
-            for p in _named(model.named_parameters(), param_names)
+        fake_params = [_to_fake(mode, p.detach()) for p in real_params]
+        by_name = dict(zip(params, fake_params, strict=True))
+        state = [
+            torch.zeros_like(by_name[n])
+            for n, s in zip(trainable, state_names, strict=True)
+            for _ in s
         ]
-        buffers = [_to_fake(mode, b) for b in _named(model.named_buffers(), buffer_names)]
-        state = [torch.zeros_like(p) for p in params for _ in range(spec.state_per_param())]
-        fake_inputs = [_to_fake(mode, x) for x in inputs]
-        gm = _trace_functional(fn, [*params, *buffers, *state, *fake_inputs])
-    kinds = (
-        [PlaceholderKind.WEIGHT] * len(params)
-        + [PlaceholderKind.BUFFER] * len(buffers)
-        + [PlaceholderKind.OPT_STATE] * len(state)
-        + [PlaceholderKind.DATA] * len(inputs)
-    )
-    names = (
-        param_names
-        + buffer_names
-        + [
-            f"{n}.{s}"
-            for n in param_names
-            for s in ("exp_avg", "exp_avg_sq")[: spec.state_per_param()]
+        flat = [
+            *fake_params,
+            *(_to_fake(mode, b) for b in real_buffers),
+            *state,
+            *(_to_fake(mode, s) for s in scalars),
+            *(_to_fake(mode, x) for x in data),
         ]
-        + [f"input{i}" for i in range(len(inputs))]
+        gm = _trace_functional(fn, flat)
+    names = layout.names(data_names)
+    graph = import_fx(gm, layout.kinds(), names)
+    outs = ["loss"] + ([f"grad.{n}" for n in trainable] if rule is None else [])
+    examples = (*real_params, *real_buffers, *([None] * len(state)), *scalars, *data)
+    return Step(
+        graph,
+        fn,
+        names,
+        layout.kinds(),
+        outs,
+        examples,
+        tuple(constant_values(gm)),
+        tuple(dict.fromkeys(untrained)),
     )
-    graph = import_fx(gm, kinds, names)
-    outs = ["loss"] + ([f"grad.{n}" for n in param_names] if optimizer is None else [])
-    examples = (
-        *_named(model.named_parameters(), param_names),
-        *_named(model.named_buffers(), buffer_names),
-        *([None] * len(state)),
-        *inputs,
-    )
-    return Step(graph, fn, names, kinds, outs, examples, tuple(constant_values(gm)))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each kind of input sits in a training step's flat input list."""
+
+    params: list[str]
+    trainable: list[str]
+    buffers: list[str]
+    state: list[tuple[str, ...]]  # per trainable parameter
+    scalars: list[str]
+    n_data: int
+
+    @property
+    def n_state(self) -> int:
+        return sum(len(s) for s in self.state)
+
+    def kinds(self) -> list[PlaceholderKind]:
+        return (
+            [PlaceholderKind.WEIGHT] * len(self.params)
+            + [PlaceholderKind.BUFFER] * len(self.buffers)
+            + [PlaceholderKind.OPT_STATE] * (self.n_state + len(self.scalars))
+            + [PlaceholderKind.DATA] * self.n_data
+        )
+
+    def names(self, data_names: Sequence[str] | None) -> list[str]:
+        data = list(data_names) if data_names else [f"input{i}" for i in range(self.n_data)]
+        state = [f"{n}.{s}" for n, ss in zip(self.trainable, self.state, strict=True) for s in ss]
+        return [*self.params, *self.buffers, *state, *self.scalars, *data]
+
+    def split(self, flat: Sequence) -> tuple[list, list, list[list], list, list]:
+        """(params, buffers, state per trainable parameter, scalars, data) of `flat`."""
+        n_p, n_b, n_s = len(self.params), len(self.buffers), self.n_state
+        it = iter(flat[n_p + n_b : n_p + n_b + n_s])
+        state = [[next(it) for _ in names] for names in self.state]
+        scalars_end = n_p + n_b + n_s + len(self.scalars)
+        return (
+            list(flat[:n_p]),
+            list(flat[n_p : n_p + n_b]),
+            state,
+            list(flat[n_p + n_b + n_s : scalars_end]),
+            list(flat[scalars_end:]),
+        )
+
+
+class _LossModule(torch.nn.Module):
+    """`loss(model, *data)` as a module's forward, so functional_call swaps the model's tensors
+    for the traced ones whatever the user's code does with the model."""
+
+    def __init__(self, model: torch.nn.Module, loss: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, *data: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.model, *data)
 
 
 def _named(items, names: list[str]) -> list[torch.Tensor]:
@@ -252,41 +380,48 @@ def _named(items, names: list[str]) -> list[torch.Tensor]:
     return [table[n] for n in names]
 
 
-def _step_fn(model, param_names, buffer_names, n_inputs, loss_fn, spec: OptimizerSpec):
-    n_p, n_b = len(param_names), len(buffer_names)
-    n_s = n_p * spec.state_per_param()
+def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, untrained: list):
+    trainable_at = [layout.params.index(n) for n in layout.trainable]
 
     def step(*flat):
+        params, buffers, state, scalars, data = layout.split(flat)
         # Leaves that need gradients, whether the caller's copies asked for them or not.
-        params = [p if p.requires_grad else p.requires_grad_() for p in flat[:n_p]]
-        buffers = flat[n_p : n_p + n_b]
-        state = list(flat[n_p + n_b : n_p + n_b + n_s])
-        inputs = flat[n_p + n_b + n_s :]
+        for i in trainable_at:
+            if not params[i].requires_grad:
+                params[i].requires_grad_()
+        trained = [params[i] for i in trainable_at]
         tensors = {
-            **dict(zip(param_names, params, strict=True)),
-            **dict(zip(buffer_names, buffers, strict=True)),
+            **{f"model.{n}": p for n, p in zip(layout.params, params, strict=True)},
+            **{f"model.{n}": b for n, b in zip(layout.buffers, buffers, strict=True)},
         }
         grad_ctx = contextlib.nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
         with grad_ctx:
-            if loss_fn is None:
-                loss = _loss_of(functional_call(model, tensors, tuple(inputs)))
-            else:
-                loss = loss_fn(functional_call(model, tensors, (inputs[0],)), *inputs)
-            grads = torch.autograd.grad(loss, params)
-        if spec.kind is None:
+            loss = functional_call(wrapper, tensors, tuple(data))
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise MagisError("the loss must be a tensor with one element (a scalar)")
+            grads = torch.autograd.grad(loss, trained, allow_unused=True)
+        untrained[:] = [n for n, g in zip(layout.trainable, grads, strict=True) if g is None]
+        if rule is None:
+            grads = [
+                torch.zeros_like(p) if g is None else g for p, g in zip(trained, grads, strict=True)
+            ]
             return (loss.detach(), *grads)
-        spec.update(params, grads, state)
+        with torch.no_grad():
+            rule.update(trained, grads, state, scalars)
         return (loss.detach(),)
 
     return step
 
 
-def _loss_of(out) -> torch.Tensor:
+def loss_of(out) -> torch.Tensor:
+    """The loss in a model's output: the tensor itself, or its `.loss` (Hugging Face)."""
     if isinstance(out, torch.Tensor):
         return out
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
         loss = out.get("loss")
     if loss is None:
-        raise MagisError("the model returned no loss: pass loss_fn=, or return a scalar / .loss")
+        raise MagisError(
+            "the model returned no loss: pass loss_fn=, or return a scalar or an output with .loss"
+        )
     return loss
