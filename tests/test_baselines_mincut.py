@@ -9,14 +9,16 @@ from magis.backend.codegen import compile_program
 from magis.backend.executor import clone_all, relative_error, verify
 from magis.backend.memory import LiveBytesTracker
 from magis.baselines import BaselinePoint, Failure, get_baseline
-from magis.baselines.mincut import (
+from magis.baselines.joint import (
     NeedsWorkloadError,
     Partitioner,
     PartitionSpec,
     RandomRecomputeError,
+    partition,
+)
+from magis.baselines.mincut import (
     min_cut_baseline,
     mincut_points,
-    partition,
     partition_point,
     run_partitioned,
     saved_bytes_simulated,

@@ -41,18 +41,24 @@ monkey-patch this is not thread-safe: do not build models concurrently from seve
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from types import MappingProxyType
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from magis.capture.batches import (
+    causal_lm_loss,
+    cross_entropy_loss,
+    image_labels,
+    image_masks,
+    masked_lm_loss,
+    tokens,
+)
+from magis.capture.building import build_for_training, default_dtype
 from magis.errors import MagisError, UnknownWorkloadError
 
 SIZES: tuple[str, ...] = ("paper", "tiny", "small")
@@ -86,7 +92,7 @@ class Workload:
 
     def build(self, dtype: torch.dtype | None = None) -> nn.Module:
         """`build_model()` with the default dtype set to `dtype` (default: `self.dtype`)."""
-        with _default_dtype(dtype or self.dtype):
+        with default_dtype(dtype or self.dtype):
             return self.build_model()
 
 
@@ -114,130 +120,6 @@ def get_workload(name: str, batch: int | None = None) -> Workload:
 def list_workloads() -> list[Workload]:
     """Every workload: all families, each at all sizes (paper, tiny, small)."""
     return [_FAMILIES[family](size) for family in WORKLOAD_FAMILIES for size in SIZES]
-
-
-# ---------------------------------------------------------------------------------------------
-# construction helpers
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Temporarily set torch's default floating dtype."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _trunc_normal_icdf(
-    tensor: torch.Tensor,
-    mean: float,
-    std: float,
-    a: float,
-    b: float,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Fill `tensor` from N(mean, std^2) truncated to [a, b] by inverse-CDF sampling.
-
-    Exact and free of data-dependent control flow (unlike rejection sampling), so it also runs on
-    fake tensors.
-    """
-
-    def cdf(value: float) -> float:
-        return 0.5 * (1.0 + math.erf((value - mean) / (std * math.sqrt(2.0))))
-
-    with torch.no_grad():
-        tensor.uniform_(2.0 * cdf(a) - 1.0, 2.0 * cdf(b) - 1.0, generator=generator)
-        tensor.erfinv_()
-        tensor.mul_(std * math.sqrt(2.0)).add_(mean)
-        tensor.clamp_(min=a, max=b)
-    return tensor
-
-
-@contextmanager
-def _data_independent_trunc_normal() -> Iterator[None]:
-    """Route `torch.nn.init.trunc_normal_` (and transformers' wrapper of it) to `_trunc_normal_icdf`.
-
-    Both call the module-level `_no_grad_trunc_normal_` of `torch.nn.init`, which is swapped.
-    """
-    init_module: Any = torch.nn.init
-    original = init_module._no_grad_trunc_normal_
-    init_module._no_grad_trunc_normal_ = _trunc_normal_icdf
-    try:
-        yield
-    finally:
-        init_module._no_grad_trunc_normal_ = original
-
-
-def _build(factory: Callable[[], nn.Module], *, patch_trunc_normal: bool = False) -> nn.Module:
-    """Run `factory` (in the ambient default dtype) and return the model in training mode."""
-    if patch_trunc_normal:
-        with _data_independent_trunc_normal():
-            model = factory()
-    else:
-        model = factory()
-    return model.train()
-
-
-# ---------------------------------------------------------------------------------------------
-# inputs
-
-
-def _image_labels(
-    batch: int, *, channels: int, image_size: int, num_classes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images (N, C, H, W), class labels (N,))."""
-    images = torch.randn(batch, channels, image_size, image_size)
-    labels = torch.randint(0, num_classes, (batch,))
-    return images, labels
-
-
-def _image_masks(
-    batch: int, *, channels: int, image_size: int, num_classes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images (N, C, H, W), per-pixel class ids (N, H, W))."""
-    images = torch.randn(batch, channels, image_size, image_size)
-    masks = torch.randint(0, num_classes, (batch, image_size, image_size))
-    return images, masks
-
-
-def _tokens(batch: int, *, seq_len: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids (N, T), labels (N, T)); the labels are a copy of the ids (the loss shifts them)."""
-    ids = torch.randint(0, vocab_size, (batch, seq_len))
-    return ids, ids.clone()
-
-
-# ---------------------------------------------------------------------------------------------
-# losses
-
-
-def _logits(output: Any) -> torch.Tensor:
-    """The logits of a model output: a tensor, or a Hugging Face ModelOutput's `.logits`."""
-    logits = output if isinstance(output, torch.Tensor) else output.logits
-    # losses in at least float32, as mixed-precision training does
-    return logits.to(torch.promote_types(logits.dtype, torch.float32))
-
-
-def _cross_entropy_loss(output: Any, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of logits (N, C) or (N, C, H, W) against class ids (N,) or (N, H, W)."""
-    del inputs
-    return F.cross_entropy(_logits(output), target)
-
-
-def _masked_lm_loss(output: Any, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Token-level cross-entropy of logits (N, T, V) against labels (N, T) at every position."""
-    del input_ids
-    logits = _logits(output)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-
-
-def _causal_lm_loss(output: Any, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy: logits at position t predict labels at t + 1."""
-    del input_ids
-    logits = _logits(output)[:, :-1]
-    return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,11 +167,11 @@ def _resnet50(size: str) -> Workload:
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory),
+        build_model=partial(build_for_training, factory),
         make_inputs=partial(
-            _image_labels, channels=3, image_size=p["image"], num_classes=p["classes"]
+            image_labels, channels=3, image_size=p["image"], num_classes=p["classes"]
         ),
-        loss_fn=_cross_entropy_loss,
+        loss_fn=cross_entropy_loss,
         description=(
             f"ResNet (He et al. 2016), bottleneck depths {list(p['depths'])}, widths "
             f"{list(p['hidden'])}; image classification {p['image']}x{p['image']}, "
@@ -346,9 +228,9 @@ def _bert_base(size: str) -> Workload:
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory),
-        make_inputs=partial(_tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
-        loss_fn=_masked_lm_loss,
+        build_model=partial(build_for_training, factory),
+        make_inputs=partial(tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
+        loss_fn=masked_lm_loss,
         description=(
             f"BERT masked LM (Devlin et al. 2019), {p['layers']} layers, hidden {p['hidden']}, "
             f"{p['heads']} heads, seq {p['seq']}, vocab {p['vocab']}, dropout 0.1"
@@ -406,11 +288,11 @@ def _vit_base(size: str) -> Workload:
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory, patch_trunc_normal=True),
+        build_model=partial(build_for_training, factory, patch_trunc_normal=True),
         make_inputs=partial(
-            _image_labels, channels=3, image_size=p["image"], num_classes=p["classes"]
+            image_labels, channels=3, image_size=p["image"], num_classes=p["classes"]
         ),
-        loss_fn=_cross_entropy_loss,
+        loss_fn=cross_entropy_loss,
         description=(
             f"ViT (Dosovitskiy et al. 2021), {p['layers']} layers, hidden {p['hidden']}, "
             f"{p['heads']} heads, patch {p['patch']}; image classification "
@@ -445,11 +327,11 @@ def _segmentation(family: str, size: str, sizes: Mapping[str, dict[str, int]]) -
         size,
         dtype=torch.float32,
         batch=p["batch"],
-        build_model=partial(_build, factory),
+        build_model=partial(build_for_training, factory),
         make_inputs=partial(
-            _image_masks, channels=3, image_size=p["image"], num_classes=_SEGMENTATION_CLASSES
+            image_masks, channels=3, image_size=p["image"], num_classes=_SEGMENTATION_CLASSES
         ),
-        loss_fn=_cross_entropy_loss,
+        loss_fn=cross_entropy_loss,
         description=(
             f"{title}, base width {p['width']}; segmentation {p['image']}x{p['image']}, "
             f"{_SEGMENTATION_CLASSES} classes"
@@ -533,9 +415,9 @@ def _gpt_neo(size: str) -> Workload:
         size,
         dtype=dtype,
         batch=p["batch"],
-        build_model=partial(_build, factory),
-        make_inputs=partial(_tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
-        loss_fn=_causal_lm_loss,
+        build_model=partial(build_for_training, factory),
+        make_inputs=partial(tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
+        loss_fn=causal_lm_loss,
         description=(
             f"GPT-Neo causal LM (Black et al. 2021), {p['layers']} layers alternating "
             f"global/local (window {p['window']}) attention, hidden {p['hidden']}, "
@@ -571,9 +453,9 @@ def _btlm(size: str) -> Workload:
         size,
         dtype=dtype,
         batch=p["batch"],
-        build_model=partial(_build, factory),
-        make_inputs=partial(_tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
-        loss_fn=_causal_lm_loss,
+        build_model=partial(build_for_training, factory),
+        make_inputs=partial(tokens, seq_len=p["seq"], vocab_size=p["vocab"]),
+        loss_fn=causal_lm_loss,
         description=(
             f"BTLM causal LM (Dey et al. 2023), ALiBi + SwiGLU, {p['layers']} layers, hidden "
             f"{p['hidden']}, {p['heads']} heads, FFN {p['ffn']}, seq {p['seq']}, "
