@@ -33,6 +33,10 @@ class PlanError(MagisError):
     """A plan file that cannot be read or does not match its graph."""
 
 
+class LimitError(MagisError):
+    """A memory or latency limit, or a memory figure, that cannot be read."""
+
+
 class UnknownHardwareError(MagisError, KeyError):
     """A hardware preset name the cost model does not know."""
 

@@ -8,13 +8,13 @@ import functools
 import pytest
 import torch
 
-from magis.api import run_step
 from magis.baselines import BaselinePoint, Failure, get_baseline
 from magis.baselines.chain import Mode, Segment, build_plan, find_chain
 from magis.baselines.checkpoint import equal_segments
 from magis.baselines.microbatch import microbatch_points
 from magis.baselines.pofo import PofoOptions, pofo_points
 from magis.capture.steps import workload_step
+from magis.commands.run import run_step
 from magis.cost import get_cost_model
 from magis.sim import simulate
 

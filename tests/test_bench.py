@@ -28,7 +28,7 @@ from magis.bench.compare import (
     capture_context,
     run_compare,
 )
-from magis.rules.fission import materialize, prepare
+from magis.rules import materialize, prepare
 from magis.search import Mode
 
 TINY = "bert-base:tiny"
@@ -237,3 +237,13 @@ def test_cli_bench_compare_rejects_an_unknown_method(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "compare", TINY, "--methods", "magis,nope", "--out", str(tmp_path)])
     assert exc.value.code == 1
+
+
+def test_the_figures_do_not_import_the_comparison():
+    """plots reads the constraints from bench.constraints: no cycle with bench.compare."""
+    import subprocess
+    import sys
+
+    code = "import sys, magis.bench.plots; print('magis.bench.compare' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr

@@ -1,14 +1,20 @@
-"""`magis analyze --ftree`, `magis run --fission`, and the fission-alone API (MAGIS §4, §5.1)."""
+"""`magis analyze --ftree`, `magis run --fission`, and fission alone (MAGIS §4, §5.1)."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
-from magis.api import fission_alone
 from magis.capture import workload_step
+from magis.commands.analyze import fission_tree
+from magis.commands.run import run
+from magis.cost import get_cost_model
+from magis.errors import MagisError
+from magis.rules.fission import materialize
+from magis.sim import simulate
 
 
 def magis(*args: str) -> subprocess.CompletedProcess:
@@ -38,18 +44,27 @@ def test_run_fission_verifies_and_reports_the_nodes(tmp_path):
 
 
 def test_run_fission_errors_are_one_line():
-    for args, words in (
-        (("--fission", "999"), "no F-Tree node 999"),
-        (("--fission", "0", "--parts", "3"), "must divide"),
-        (("--fission", "a,b"), "F-Tree node numbers"),
-    ):
-        res = magis("run", "bert-base:tiny", *args)
-        assert res.returncode == 1 and words in res.stderr and "Traceback" not in res.stderr
+    for fission, parts, words in (([999], 2, "no F-Tree node 999"), ([0], 3, "must divide")):
+        with pytest.raises(MagisError, match=words) as exc:
+            run("bert-base:tiny", "rtx3090", fission=fission, parts=parts)
+        assert "\n" not in str(exc.value)
+    res = magis("run", "bert-base:tiny", "--fission", "a,b")
+    assert res.returncode == 1 and "F-Tree node numbers" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
-def test_fission_alone_finds_a_node_that_lowers_the_peak():
-    _, step = workload_step("unet:tiny", dtype=torch.float64)
-    rep = fission_alone(step, "unet:tiny", hardware="rtx3090", max_parts=4, top=2)
-    assert rep.ftree_nodes > 0 and rep.tried
-    assert rep.best["peak_ratio"] <= min(r["peak_ratio"] for r in rep.tried)
-    assert rep.best_within is None or rep.best_within["latency_ratio"] <= rep.latency_limit
+def test_one_ftree_node_alone_lowers_the_peak_and_runs_verified():
+    """Some F-Tree node of bert-base:tiny, split in two, lowers the simulated peak of the
+    program order by itself; `run --fission` of that node verifies against eager PyTorch."""
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    cost = get_cost_model("rtx3090")
+    base = simulate(step.graph, step.graph.program_order(), cost).peak_bytes
+    graph, tree = fission_tree(step)
+    peaks = {}
+    for k in range(len(tree)):
+        split = materialize(graph, tree.with_n(k, 2))
+        peaks[k] = simulate(split.graph, split.order, cost).peak_bytes
+    best = min(peaks, key=peaks.get)
+    assert peaks[best] < base
+    rep = run("bert-base:tiny", cost, fission=[best])
+    assert rep.verified and [f["index"] for f in rep.fission] == [best]

@@ -299,9 +299,9 @@ def test_tiny_workload_runs_in_an_arena_of_the_planned_size(family):
 
 def test_an_optimized_plan_runs_in_its_arena():
     # Plans carry fission slices, re-computation and Store/Load: all of it must fit the arena.
-    from magis.planning import capture_workload, optimize
+    from magis import optimize
 
-    step = capture_workload("gpt-neo-1.3b:tiny")
+    _, step = workload_step("gpt-neo-1.3b:tiny", float64_when_tiny=True)
     plan = optimize(step, mem_limit=0.6, time_budget=4)
     layout = plan_layout(plan.graph, plan.order, options=FAST)
     check_layout(layout)

@@ -25,17 +25,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from magis.bench import plots
 from magis.bench.compare import (
-    CONSTRAINTS,
     DEFAULT_TIME_BUDGET,
-    Constraint,
     Context,
     Progress,
     capture_context,
     check_workloads,
     search,
 )
-from magis.search import Mode, SearchResult
+from magis.bench.constraints import CONSTRAINTS, Constraint
+from magis.search import Mode, SearchOptions, SearchResult
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class Setting:
             "max_level": self.max_level,
             "naive_fission_seed": self.naive_fission_seed,
         }
+
+    def options(self, time_budget: float) -> SearchOptions:
+        """The search's options under this setting (the ablation's only difference)."""
+        return SearchOptions(time_budget=time_budget, **self.knobs())
 
 
 SETTINGS = (
@@ -155,7 +159,7 @@ def run_ablation(options: AblationOptions, progress: Progress | None = None) -> 
                     1 + len(report.curves),
                     total,
                 )
-                result = search(ctx, c, options.time_budget, **s.knobs())
+                result = search(ctx, c, s.options(options.time_budget))
                 report.curves.append(curve_of(ctx, s, c, result))
                 report.seconds = time.perf_counter() - start
                 write_outputs(report, figures=False)
@@ -204,8 +208,6 @@ CSV_FIELDS = ("setting", "constraint", "seconds", "memory_ratio", "latency_ratio
 
 def write_outputs(report: AblationReport, figures: bool = True) -> None:
     """ablation.csv (every improvement of every search), ablation.json, tables.md, Fig. 13."""
-    from magis.bench import plots
-
     out = report.options.out
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "ablation.csv.tmp"

@@ -46,19 +46,26 @@ from magis.baselines import (
     get_baseline,
     pareto_front,
 )
-from magis.capture import Step
+from magis.bench import plots
+from magis.bench.constraints import (
+    CONSTRAINTS,
+    MAGIS,
+    MICROBATCH,
+    PARETO,
+    Constraint,
+)
+from magis.capture import Step, workload_step
 from magis.capture.workloads import WORKLOAD_FAMILIES
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.search import Mode, Objective, SearchResult, optimize_graph
+from magis.search import Mode, SearchOptions, SearchResult, optimize_graph
 from magis.sim import SimResult, simulate
 
 PAPER_WORKLOADS = WORKLOAD_FAMILIES  # at paper (Table 2) size
 DEFAULT_TIME_BUDGET = 60.0  # seconds per MAGIS search (the paper gives 3 min; see the README)
 PARETO_MEMORY_RATIOS = (0.6, 0.2)  # extra MAGIS searches for its Pareto curve
 MICROBATCH_FACTORS = (8, 16, 32)  # §7.2.4
-MAGIS = "magis"
 
 # Called as progress(description, steps done, steps in all).
 Progress = Callable[[str, int, int], None]
@@ -66,31 +73,6 @@ Progress = Callable[[str, int, int], None]
 
 class BenchError(MagisError):
     """A benchmark asked for something that does not exist (a method, a workload)."""
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A latency limit (least memory within it) or a memory limit (least latency within it),
-    as a ratio of the program order's figure."""
-
-    mode: Mode
-    ratio: float
-
-    @property
-    def label(self) -> str:
-        return f"{'lat' if self.mode is Mode.LATENCY_LIMIT else 'mem'}<={self.ratio:g}"
-
-    def objective(self, base: SimResult) -> Objective:
-        if self.mode is Mode.LATENCY_LIMIT:
-            return Objective(self.mode, self.ratio * base.latency_s)
-        return Objective(self.mode, int(self.ratio * base.peak_bytes))
-
-
-LATENCY_CONSTRAINTS = (Constraint(Mode.LATENCY_LIMIT, 1.05), Constraint(Mode.LATENCY_LIMIT, 1.10))
-MEMORY_CONSTRAINTS = (Constraint(Mode.MEMORY_LIMIT, 0.8), Constraint(Mode.MEMORY_LIMIT, 0.4))
-CONSTRAINTS = LATENCY_CONSTRAINTS + MEMORY_CONSTRAINTS
-PARETO = "pareto"
-MICROBATCH = "microbatch"
 
 
 class MicrobatchScope(enum.Enum):
@@ -311,9 +293,7 @@ def _run_workload(
 
 
 def capture_context(workload: str, hardware: str) -> Context:
-    from magis.planning import capture_workload
-
-    step = capture_workload(workload)
+    _, step = workload_step(workload, float64_when_tiny=True)  # as `magis optimize` captures it
     cost = get_cost_model(hardware)
     base = simulate(step.graph, step.graph.program_order(), cost)
     return Context(workload, step, cost, base)
@@ -409,7 +389,7 @@ def magis_rows(
     extra = [Constraint(Mode.MEMORY_LIMIT, r) for r in options.pareto_memory_ratios]
     for c in (*CONSTRAINTS, *extra):
         steps.start(f"{ctx.workload}: magis {c.label} ({options.time_budget:g} s)")
-        result = search(ctx, c, options.time_budget)
+        result = search(ctx, c, SearchOptions(time_budget=options.time_budget))
         steps.finish()
         records += [(i.memory, i.latency, c.label) for i in result.improvements]
         emit([magis_row(ctx, c, result, options.time_budget)] if c in CONSTRAINTS else [])
@@ -421,8 +401,8 @@ def magis_rows(
     )
 
 
-def search(ctx: Context, c: Constraint, time_budget: float, **knobs: Any) -> SearchResult:
-    return optimize_graph(ctx.graph, ctx.cost, c.objective(ctx.base), time_budget, **knobs)
+def search(ctx: Context, c: Constraint, options: SearchOptions) -> SearchResult:
+    return optimize_graph(ctx.graph, ctx.cost, c.objective(ctx.base), options)
 
 
 def magis_row(ctx: Context, c: Constraint, result: SearchResult, time_budget: float) -> Row:
@@ -503,15 +483,15 @@ def _series_rows(ctx: Context, name: str, outcomes: Sequence[Outcome]) -> list[R
 
 def write_outputs(report: CompareReport, figures: bool = True) -> None:
     """results.csv, results.json, tables.md and the figures, rewritten whole (atomically)."""
-    from magis.bench import plots
-
     out = report.options.out
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "results.csv", report.rows())
     _atomic_write(out / "results.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
     _atomic_write(out / "tables.md", tables_markdown(report))
     if figures:
-        plots.compare_figures(report, out)
+        methods = list(report.options.all_methods())
+        workloads = [w.workload for w in report.workloads]
+        plots.compare_figures(report.rows(), workloads, methods, out)
 
 
 def write_csv(path: Path, rows: Iterable[Row]) -> None:

@@ -9,21 +9,37 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from magis.bench.constraints import (
+    LATENCY_CONSTRAINTS,
+    MAGIS,
+    MEMORY_CONSTRAINTS,
+    MICROBATCH,
+    PARETO,
+    Constraint,
+)
 from magis.search import Mode
-
-if TYPE_CHECKING:
-    from magis.bench.compare import CompareReport, Constraint, Row
 
 FIG9 = "fig9_memory_under_latency_limit.png"
 FIG10 = "fig10_latency_under_memory_limit.png"
 FIG11 = "fig11_pareto.png"
 FIG12 = "fig12_microbatching.png"
 FIG13 = "fig13_ablation.png"
+
+
+class Row(Protocol):
+    """What a figure reads of a result row (`magis.bench.compare.Row`)."""
+
+    workload: str
+    method: str
+    constraint: str  # a Constraint's label, PARETO or MICROBATCH
+    memory_ratio: float | None
+    latency_ratio: float | None
+    satisfied: bool
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -39,15 +55,13 @@ def _colours(names: Sequence[str]) -> dict[str, tuple]:
     return {n: cmap(i % cmap.N) for i, n in enumerate(names)}
 
 
-def compare_figures(report: CompareReport, out: Path) -> list[Path]:
-    """Figs. 9-12 of a (possibly partial) comparison; those with nothing to show are skipped."""
-    from magis.bench.compare import LATENCY_CONSTRAINTS, MEMORY_CONSTRAINTS, MICROBATCH
-
-    rows = report.rows()
+def compare_figures(
+    rows: Sequence[Row], workloads: Sequence[str], methods: Sequence[str], out: Path
+) -> list[Path]:
+    """Figs. 9-12 of a (possibly partial) comparison of `methods` on `workloads`; those with
+    nothing to show are skipped."""
     if not rows:
         return []
-    methods = list(report.options.all_methods())
-    workloads = [w.workload for w in report.workloads]
     colours = _colours(methods)
     written = [
         _bars(rows, workloads, methods, colours, LATENCY_CONSTRAINTS, out / FIG9),
@@ -136,8 +150,6 @@ def _grid(fig: Figure, n: int, ncols: int = 4):
 
 def _pareto(rows, workloads, methods, colours, path: Path) -> Path:
     """Fig. 11: each method's Pareto front, memory ratio against latency ratio, per workload."""
-    from magis.bench.compare import PARETO
-
     ncols = min(4, max(len(workloads), 1))
     fig = _figure(max(4.0 * ncols, 8.0), 3.4 * math.ceil(max(len(workloads), 1) / ncols) + 0.8)
     axes = _grid(fig, len(workloads))
@@ -163,8 +175,6 @@ def _pareto(rows, workloads, methods, colours, path: Path) -> Path:
 
 def _microbatch(rows, path: Path) -> Path:
     """Fig. 12: POFO, POFO on micro-batched graphs, and MAGIS's front, per workload."""
-    from magis.bench.compare import MAGIS, MICROBATCH, PARETO
-
     workloads = sorted({r.workload for r in rows if r.constraint == MICROBATCH})
     fig = _figure(max(5.0 * len(workloads), 8.0), 4.0)
     axes = _grid(fig, len(workloads), ncols=len(workloads))

@@ -28,15 +28,23 @@ def workload_step(
     optimizer: str | None = "sgd",
     real: bool | None = None,
     seed: int = 0,
+    *,
+    float64_when_tiny: bool = False,
 ) -> tuple[Workload, Step]:
     """Build workload `name` and capture its training step (forward, backward, update).
 
     Paper-size workloads are built under a FakeTensorMode (nothing allocated); `tiny` and `small`
-    ones with real tensors, so the step can be executed and verified. `dtype` overrides the
-    workload's floating-point dtype for floating workloads (tests verify in float64).
+    ones with real tensors, so the step can be executed and verified (`real` overrides this).
+    `dtype` overrides the workload's floating-point dtype for floating workloads (tests verify in
+    float64). `float64_when_tiny` is the step `magis optimize`, `run` and `layout --plan` work
+    on: a `:tiny` workload without a `dtype` is built in float64, so that plans made for it
+    verify to 1e-9 against eager PyTorch, and a plan saved by one command matches the step the
+    next one captures.
     """
     wl = get_workload(name, batch)
     real = wl.size != "paper" if real is None else real
+    if dtype is None and float64_when_tiny and wl.size == "tiny":
+        dtype = torch.float64
     dtype = dtype if dtype is not None else wl.dtype
     mode = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
     with default_dtype(dtype), mode:

@@ -1,0 +1,154 @@
+"""`magis bench`: the experiments of the MAGIS paper (§7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from magis.cli.output import (
+    HardwareOpt,
+    JsonOpt,
+    console,
+    err_console,
+    progress_bar,
+    spinner,
+    write_json,
+)
+
+bench_app = typer.Typer(no_args_is_help=True, help="Experiments of the MAGIS paper (§7).")
+
+
+@bench_app.command("incremental")
+def bench_incremental_cmd(
+    dags: Annotated[int, typer.Option(min=1, help="Random NASNet-shaped DAGs.")] = 10,
+    rounds: Annotated[int, typer.Option(min=1, help="Rewrites per DAG.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed of the one random generator.")] = 0,
+    repeats: Annotated[int, typer.Option(min=1, help="Timings per case (the least is kept).")] = 3,
+    json_path: JsonOpt = None,
+) -> None:
+    """Incremental vs full scheduling after random rewrites (MAGIS §7.3, Fig. 14)."""
+    from magis.bench.incremental import run_incremental_bench
+
+    with spinner("incremental vs full scheduling") as progress:
+        rep = run_incremental_bench(dags, rounds, seed, progress, repeats)
+    table = Table(title="incremental (IS) vs full (FS) scheduling", show_header=False)
+    table.add_row("cases", str(len(rep.cases)))
+    table.add_row(
+        "speedup FS/IS",
+        f"mean {rep.mean_speedup:.1f}x, median {rep.median_speedup:.1f}x, "
+        f"min {rep.min_speedup:.1f}x, max {rep.max_speedup:.1f}x",
+    )
+    table.add_row(
+        "speedup distribution", ", ".join(f"{k}: {v}" for k, v in rep.speedup_histogram.items())
+    )
+    table.add_row(
+        "IS peak == FS peak",
+        f"{rep.equal_quality} of {len(rep.cases)} ({rep.better_quality} IS lower)",
+    )
+    table.add_row("worst IS/FS peak ratio", f"{rep.worst_quality_ratio:.4f}")
+    table.add_row("elapsed", f"{rep.seconds:.0f} s")
+    console.print(table)
+    write_json(json_path, rep.to_json())
+
+
+def _split_names(text: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
+def _print_compare(rep) -> None:
+    from magis.bench.compare import CONSTRAINTS, constraint_table
+
+    for c in CONSTRAINTS:
+        workloads, rows = constraint_table(rep, c)
+        what = "memory ratio" if c.mode.value == "lat-limit" else "latency overhead"
+        table = Table("method", *workloads, title=f"{what} under {c.label}")
+        for cells in rows:
+            table.add_row(*[f"[red]{x}[/red]" if x == "FAILURE" else x for x in cells])
+        console.print(table)
+
+
+@bench_app.command("compare")
+def bench_compare_cmd(
+    workloads: Annotated[
+        list[str] | None, typer.Argument(help="Workloads (default: the seven at paper size).")
+    ] = None,
+    hardware: HardwareOpt = "rtx3090",
+    time_budget: Annotated[
+        float, typer.Option("--time-budget", help="Seconds per MAGIS search (6 per workload).")
+    ] = 60.0,
+    out: Annotated[Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNGs.")] = Path(
+        "out/bench-compare"
+    ),
+    methods: Annotated[
+        str | None,
+        typer.Option("--methods", help="Comma-separated: magis and baseline names (default: all)."),
+    ] = None,
+    microbatch: Annotated[
+        str, typer.Option("--microbatch", help="Fig. 12 on: vit (ViT only), all, none.")
+    ] = "vit",
+    json_path: JsonOpt = None,
+) -> None:
+    """MAGIS and every baseline under latency limits 1.05/1.10 and memory limits 0.8/0.4, Pareto
+    curves and micro-batching (MAGIS §7.2, Figs. 9-12). Ctrl-C keeps what finished."""
+    from magis.bench.compare import (
+        PAPER_WORKLOADS,
+        BenchError,
+        CompareOptions,
+        MicrobatchScope,
+        check_methods,
+        run_compare,
+    )
+
+    try:
+        scope = MicrobatchScope(microbatch)
+    except ValueError:
+        raise BenchError(f"--microbatch {microbatch!r}: choose vit, all or none") from None
+    options = CompareOptions(
+        workloads=tuple(workloads or PAPER_WORKLOADS),
+        methods=check_methods(_split_names(methods)),
+        hardware=hardware,
+        time_budget=time_budget,
+        out=out,
+        microbatch=scope,
+    )
+    with progress_bar("compare") as progress:
+        rep = run_compare(options, progress)
+    _print_compare(rep)
+    _finish_bench(rep, out, json_path)
+
+
+def _finish_bench(rep, out: Path, json_path: Path | None) -> None:
+    """Where the results are, the JSON, and exit 130 when Ctrl-C cut the run short."""
+    console.print(f"[dim]results in {out} ({rep.seconds:.0f} s)[/dim]")
+    write_json(json_path, rep.to_json())
+    if rep.interrupted:
+        err_console.print("interrupted: the results hold what finished")
+        raise typer.Exit(130)
+
+
+@bench_app.command("ablation")
+def bench_ablation_cmd(
+    workload: Annotated[str, typer.Argument(help="The workload (the paper: bert-base).")] = (
+        "bert-base"
+    ),
+    hardware: HardwareOpt = "rtx3090",
+    time_budget: Annotated[
+        float, typer.Option("--time-budget", help="Seconds per search (20 searches).")
+    ] = 60.0,
+    out: Annotated[Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNG.")] = Path(
+        "out/bench-ablation"
+    ),
+    json_path: JsonOpt = None,
+) -> None:
+    """naive-fission, naive-sch-rules, max-level 2/4/8 under the four constraints: best-so-far
+    curves over search time (MAGIS §7.2.5, Fig. 13). Ctrl-C keeps what finished."""
+    from magis.bench.ablation import AblationOptions, run_ablation, tables_markdown
+
+    options = AblationOptions(workload, hardware, time_budget, out)
+    with progress_bar("ablation") as progress:
+        rep = run_ablation(options, progress)
+    console.print(tables_markdown(rep))
+    _finish_bench(rep, out, json_path)

@@ -1,0 +1,198 @@
+"""`magis optimize` and `magis.optimize`: the fastest equivalent program under a memory limit, or
+the smallest under a latency limit (MAGIS §6.2), handed to the user as a `Plan`.
+
+Two steps, so that a caller who shows the search live (the CLI) measures its ratios against the
+very baseline the plan reports: `setup_search` prepares the cost model once (a profiled one
+measures the graph's ops here, outside the search's time budget) and measures the program order
+by the chosen memory figure; `find_plan` runs the search (`magis.search.optimize_graph`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from magis.capture import Step, training_step, workload_step
+from magis.commands.limits import (
+    check_one_limit,
+    parse_latency_limit,
+    parse_memory_figure,
+    parse_memory_limit,
+)
+from magis.commands.shared import Progress, cost_model, prepare_cost, silent
+from magis.cost import CostModel
+from magis.errors import MagisError
+from magis.plan import Plan, PlanSummary
+from magis.search import (
+    Improvement,
+    MemoryFigure,
+    Mode,
+    Objective,
+    SearchOptions,
+    SearchResult,
+    optimize_graph,
+    simulate_state,
+)
+from magis.sim import SimResult
+
+
+@dataclass(frozen=True)
+class SearchSetup:
+    """A search ready to start: the step, its cost model, the memory figure, the limit, and the
+    program order those measure (the denominator of every ratio the search reports)."""
+
+    step: Step
+    cost: CostModel
+    figure: MemoryFigure
+    base: SimResult  # the program order, its peak counted by `figure`
+    objective: Objective
+    workload: str | None = None
+
+    def memory_ratio(self, memory: int) -> float:
+        return memory / self.base.peak_bytes
+
+    def latency_ratio(self, latency: float) -> float:
+        return latency / self.base.latency_s
+
+
+def setup_search(
+    step: Step,
+    *,
+    mem_limit: str | float | None = None,
+    lat_limit: str | float | None = None,
+    hardware: str | CostModel = "rtx3090",
+    memory_figure: str | MemoryFigure = "theoretical",
+    workload: str | None = None,
+    progress: Progress = silent,
+) -> SearchSetup:
+    """Prepare a search of `step` under exactly one of `mem_limit` and `lat_limit`."""
+    check_one_limit(mem_limit, lat_limit)
+    figure = parse_memory_figure(memory_figure)
+    cost = prepare_cost(hardware, step.graph, progress)
+    progress("simulating program order")
+    # ratios compare like with like: the program order measured by the same memory figure
+    base = simulate_state(step.graph, step.graph.program_order(), cost, figure)
+    if mem_limit is not None:
+        objective = Objective(Mode.MEMORY_LIMIT, parse_memory_limit(mem_limit, base.peak_bytes))
+    else:
+        objective = Objective(Mode.LATENCY_LIMIT, parse_latency_limit(lat_limit, base.latency_s))
+    return SearchSetup(step, cost, figure, base, objective, workload)
+
+
+def setup_workload_search(
+    workload: str,
+    *,
+    mem_limit: str | float | None = None,
+    lat_limit: str | float | None = None,
+    hardware: str | CostModel = "rtx3090",
+    memory_figure: str | MemoryFigure = "theoretical",
+    progress: Progress = silent,
+) -> SearchSetup:
+    """Capture `workload` (`:tiny` in float64, so that its plans verify tightly) and prepare its
+    search; bad limits, figures and hardware fail before the capture."""
+    check_one_limit(mem_limit, lat_limit)
+    parse_memory_figure(memory_figure)
+    cost = cost_model(hardware)
+    progress("capturing")
+    _, step = workload_step(workload, float64_when_tiny=True)
+    return setup_search(
+        step,
+        mem_limit=mem_limit,
+        lat_limit=lat_limit,
+        hardware=cost,
+        memory_figure=memory_figure,
+        workload=workload,
+        progress=progress,
+    )
+
+
+def find_plan(
+    setup: SearchSetup,
+    *,
+    time_budget: float = 180.0,
+    on_improvement: Callable[[Improvement], None] | None = None,
+    max_states: int | None = None,
+) -> Plan:
+    """Run the search of MAGIS Alg. 3 for at most `time_budget` seconds (Ctrl-C stops it too)
+    and hand over its best state as a Plan."""
+    start = time.perf_counter()
+    result = optimize_graph(
+        setup.step.graph,
+        setup.cost,
+        setup.objective,
+        SearchOptions(time_budget=time_budget, max_states=max_states, memory_figure=setup.figure),
+        on_improvement,
+    )
+    return plan_from_search(result, setup, wall_seconds=time.perf_counter() - start)
+
+
+def plan_from_search(result: SearchResult, setup: SearchSetup, wall_seconds: float) -> Plan:
+    best, base = result.best, setup.base
+    memory_mode = result.objective.mode is Mode.MEMORY_LIMIT
+    summary = PlanSummary(
+        workload=setup.workload,
+        hardware=setup.cost.name,
+        mode=result.objective.mode.value,
+        limit=result.objective.limit,
+        limit_ratio=result.objective.limit / (base.peak_bytes if memory_mode else base.latency_s),
+        satisfied=result.satisfied,
+        peak_bytes=best.memory,
+        latency_s=best.latency,
+        host_peak_bytes=best.sim.host_peak_bytes,
+        memory_ratio=setup.memory_ratio(best.memory),
+        latency_ratio=setup.latency_ratio(best.latency),
+        program_order_peak_bytes=base.peak_bytes,
+        program_order_latency_s=base.latency_s,
+        states_explored=result.stats.states_explored,
+        rules_applied=dict(result.stats.rules_applied),
+        history=tuple(best.history),
+        seconds=result.seconds,
+        breakdown=dict(result.stats.breakdown),
+        improvements=tuple((i.seconds, i.memory, i.latency) for i in result.improvements),
+        peak_tensors=tuple(
+            f"{h.name} ({h.nbytes / 2**20:.1f} MiB)" for h in best.sim.top_hotspots(10)
+        ),
+        interrupted=result.interrupted,
+        memory_figure=setup.figure.value,
+        wall_seconds=wall_seconds,
+    )
+    return Plan(best.graph, list(best.order), summary, setup.step)
+
+
+def optimize(
+    step_or_model: Step | torch.nn.Module,
+    example_inputs: tuple | None = None,
+    *,
+    mem_limit: str | float | None = None,
+    lat_limit: str | float | None = None,
+    time_budget: float = 180.0,
+    hardware: str | CostModel = "rtx3090",
+    loss_fn: Callable | None = None,
+    optimizer: str | None = "sgd",
+    on_improvement: Callable[[Improvement], None] | None = None,
+    workload: str | None = None,
+    memory_figure: str | MemoryFigure = "theoretical",
+    max_states: int | None = None,
+) -> Plan:
+    """Optimize a captured step — or a model with example inputs, whose training step is
+    captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2)."""
+    check_one_limit(mem_limit, lat_limit)
+    step = step_or_model
+    if isinstance(step_or_model, torch.nn.Module):
+        if example_inputs is None:
+            raise MagisError("optimize(model, example_inputs, ...): the example inputs are missing")
+        step = training_step(step_or_model, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
+    setup = setup_search(
+        step,
+        mem_limit=mem_limit,
+        lat_limit=lat_limit,
+        hardware=hardware,
+        memory_figure=memory_figure,
+        workload=workload,
+    )
+    return find_plan(
+        setup, time_budget=time_budget, on_improvement=on_improvement, max_states=max_states
+    )
