@@ -17,17 +17,9 @@ from magis.backend import compile_program, verify
 from magis.baselines import Failure
 from magis.bench import plots
 from magis.bench.ablation import SETTINGS, AblationOptions, run_ablation
-from magis.bench.compare import (
-    CONSTRAINTS,
-    CompareOptions,
-    Constraint,
-    MicrobatchScope,
-    Row,
-    _front,
-    baseline_rows,
-    capture_context,
-    run_compare,
-)
+from magis.bench.compare import _front, baseline_rows, capture_context, run_compare
+from magis.bench.compare_report import CompareOptions, MicrobatchScope, Row
+from magis.bench.constraints import CONSTRAINTS, Constraint
 from magis.rules import materialize, prepare
 from magis.search import Mode
 

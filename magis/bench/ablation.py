@@ -27,13 +27,13 @@ from typing import Any
 
 from magis.bench import plots
 from magis.bench.compare import (
-    DEFAULT_TIME_BUDGET,
     Context,
     Progress,
     capture_context,
     check_workloads,
     search,
 )
+from magis.bench.compare_report import DEFAULT_TIME_BUDGET
 from magis.bench.constraints import CONSTRAINTS, Constraint
 from magis.search import Mode, SearchOptions, SearchResult
 

@@ -21,20 +21,15 @@ same budget. Micro-batching (Fig. 12): `microbatch_points(workload, POFO, cost, 
 ViT workloads by default (`MicrobatchScope`), factors 8, 16, 32 as in §7.2.4.
 
 Results are rewritten after every method of every workload (`results.csv`, `results.json`,
-`tables.md`, the PNG figures), so a run stopped by Ctrl-C keeps everything it finished.
+`tables.md`, the PNG figures: `compare_report`), so a run stopped by Ctrl-C keeps everything it
+finished.
 """
 
 from __future__ import annotations
 
-import csv
-import enum
-import json
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from magis.baselines import (
     BaselinePoint,
@@ -46,7 +41,13 @@ from magis.baselines import (
     get_baseline,
     pareto_front,
 )
-from magis.bench import plots
+from magis.bench.compare_report import (
+    CompareOptions,
+    CompareReport,
+    Row,
+    WorkloadResult,
+    write_outputs,
+)
 from magis.bench.constraints import (
     CONSTRAINTS,
     MAGIS,
@@ -55,17 +56,11 @@ from magis.bench.constraints import (
     Constraint,
 )
 from magis.capture import Step, workload_step
-from magis.capture.workloads import WORKLOAD_FAMILIES
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph
 from magis.search import Mode, SearchOptions, SearchResult, optimize_graph
 from magis.sim import SimResult, simulate
-
-PAPER_WORKLOADS = WORKLOAD_FAMILIES  # at paper (Table 2) size
-DEFAULT_TIME_BUDGET = 60.0  # seconds per MAGIS search (the paper gives 3 min; see the README)
-PARETO_MEMORY_RATIOS = (0.6, 0.2)  # extra MAGIS searches for its Pareto curve
-MICROBATCH_FACTORS = (8, 16, 32)  # §7.2.4
 
 # Called as progress(description, steps done, steps in all).
 Progress = Callable[[str, int, int], None]
@@ -73,118 +68,6 @@ Progress = Callable[[str, int, int], None]
 
 class BenchError(MagisError):
     """A benchmark asked for something that does not exist (a method, a workload)."""
-
-
-class MicrobatchScope(enum.Enum):
-    """Which workloads get the micro-batching comparison of Fig. 12."""
-
-    VIT = "vit"  # the ViT family only, as the paper
-    ALL = "all"
-    NONE = "none"
-
-    def covers(self, workload: str) -> bool:
-        if self is MicrobatchScope.ALL:
-            return True
-        return self is MicrobatchScope.VIT and workload.split(":")[0] == "vit-base"
-
-
-@dataclass(frozen=True)
-class CompareOptions:
-    workloads: tuple[str, ...] = PAPER_WORKLOADS
-    methods: tuple[str, ...] = ()  # empty: MAGIS and every registered baseline
-    hardware: str = "rtx3090"
-    time_budget: float = DEFAULT_TIME_BUDGET
-    out: Path = Path("out/bench-compare")
-    pareto_memory_ratios: tuple[float, ...] = PARETO_MEMORY_RATIOS
-    microbatch: MicrobatchScope = MicrobatchScope.VIT
-    microbatch_factors: tuple[int, ...] = MICROBATCH_FACTORS
-
-    def all_methods(self) -> tuple[str, ...]:
-        return self.methods or (MAGIS, *baseline_names())
-
-
-@dataclass(frozen=True)
-class Row:
-    """One workload x method x constraint (or one Pareto / micro-batching point)."""
-
-    workload: str
-    method: str
-    constraint: str  # Constraint.label, PARETO or MICROBATCH
-    memory_ratio: float | None
-    latency_ratio: float | None
-    memory_bytes: int | None
-    latency_s: float | None
-    satisfied: bool
-    reason: str = ""  # why a FAILURE
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def status(self) -> str:
-        return "ok" if self.satisfied else "FAILURE"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "status": self.status}
-
-
-CSV_FIELDS = (
-    "workload",
-    "method",
-    "constraint",
-    "status",
-    "memory_ratio",
-    "latency_ratio",
-    "memory_bytes",
-    "latency_s",
-    "satisfied",
-    "reason",
-    "params",
-)
-
-
-@dataclass
-class WorkloadResult:
-    workload: str
-    program_peak_bytes: int
-    program_latency_s: float
-    rows: list[Row] = field(default_factory=list)
-    seconds: float = 0.0
-    complete: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "workload": self.workload,
-            "program_peak_bytes": self.program_peak_bytes,
-            "program_latency_s": self.program_latency_s,
-            "seconds": self.seconds,
-            "complete": self.complete,
-            "rows": [r.to_json() for r in self.rows],
-        }
-
-
-@dataclass
-class CompareReport:
-    options: CompareOptions
-    workloads: list[WorkloadResult] = field(default_factory=list)
-    interrupted: bool = False
-    seconds: float = 0.0
-
-    def rows(self) -> list[Row]:
-        return [r for w in self.workloads for r in w.rows]
-
-    def to_json(self) -> dict[str, Any]:
-        o = self.options
-        return {
-            "hardware": o.hardware,
-            "time_budget_s": o.time_budget,
-            "methods": list(o.all_methods()),
-            "constraints": [c.label for c in CONSTRAINTS],
-            "pareto_memory_ratios": list(o.pareto_memory_ratios),
-            "microbatch_factors": list(o.microbatch_factors),
-            "interrupted": self.interrupted,
-            "seconds": self.seconds,
-            "out": str(o.out),
-            "workloads": [w.to_json() for w in self.workloads],
-        }
 
 
 @dataclass(frozen=True)
@@ -476,91 +359,3 @@ def _series_rows(ctx: Context, name: str, outcomes: Sequence[Outcome]) -> list[R
             _outcome_row(ctx, name, MICROBATCH, _explained(Failure(name, "no point"), outcomes))
         ]
     return [_outcome_row(ctx, name, MICROBATCH, p) for p in pareto_front(points)]
-
-
-# --- files -----------------------------------------------------------------------------------
-
-
-def write_outputs(report: CompareReport, figures: bool = True) -> None:
-    """results.csv, results.json, tables.md and the figures, rewritten whole (atomically)."""
-    out = report.options.out
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "results.csv", report.rows())
-    _atomic_write(out / "results.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
-    _atomic_write(out / "tables.md", tables_markdown(report))
-    if figures:
-        methods = list(report.options.all_methods())
-        workloads = [w.workload for w in report.workloads]
-        plots.compare_figures(report.rows(), workloads, methods, out)
-
-
-def write_csv(path: Path, rows: Iterable[Row]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in rows:
-            d = r.to_json()
-            d["params"] = json.dumps(d["params"], sort_keys=True, default=str)
-            writer.writerow({k: ("" if d[k] is None else d[k]) for k in CSV_FIELDS})
-    tmp.replace(path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def constraint_table(report: CompareReport, c: Constraint) -> tuple[list[str], list[list[str]]]:
-    """(workloads, one row of cells per method) for one constraint: the memory ratio under a
-    latency limit (Fig. 9), the latency overhead under a memory limit (Fig. 10)."""
-    workloads = [w.workload for w in report.workloads]
-    found = {(r.workload, r.method): r for r in report.rows() if r.constraint == c.label}
-    table = []
-    for m in report.options.all_methods():
-        table.append([m] + [_cell(found.get((w, m)), c) for w in workloads])
-    return workloads, table
-
-
-def _cell(row: Row | None, c: Constraint) -> str:
-    if row is None:
-        return "—"
-    if not row.satisfied:
-        return "FAILURE"
-    if c.mode is Mode.LATENCY_LIMIT:
-        return f"{row.memory_ratio:.3f}"
-    return f"{(row.latency_ratio - 1) * 100:+.1f}%"
-
-
-def tables_markdown(report: CompareReport) -> str:
-    o = report.options
-    lines = [
-        f"# magis bench compare ({o.hardware}, MAGIS {o.time_budget:g} s per search)",
-        "",
-        "Ratios against PyTorch's program order on the same cost model.",
-    ]
-    if report.interrupted:
-        lines.append("\n**Interrupted**: the tables hold what finished.")
-    titles = {
-        Mode.LATENCY_LIMIT: "Fig. 9: peak memory ratio under latency limit {r:g} (lower is better)",
-        Mode.MEMORY_LIMIT: "Fig. 10: latency overhead under memory limit {r:g} (lower is better)",
-    }
-    for c in CONSTRAINTS:
-        workloads, table = constraint_table(report, c)
-        lines += ["", "## " + titles[c.mode].format(r=c.ratio), ""]
-        lines += [_md_row(["method", *workloads]), _md_row(["---"] * (len(workloads) + 1))]
-        lines += [_md_row(cells) for cells in table]
-    failures = [r for r in report.rows() if not r.satisfied]
-    if failures:
-        lines += ["", "## FAILURE reasons", ""]
-        lines += [f"- {r.workload} / {r.method} / {r.constraint}: {r.reason}" for r in failures]
-    return "\n".join(lines) + "\n"
-
-
-def _md_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)

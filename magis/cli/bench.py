@@ -59,7 +59,8 @@ def _split_names(text: str | None) -> tuple[str, ...]:
 
 
 def _print_compare(rep) -> None:
-    from magis.bench.compare import CONSTRAINTS, constraint_table
+    from magis.bench.compare_report import constraint_table
+    from magis.bench.constraints import CONSTRAINTS
 
     for c in CONSTRAINTS:
         workloads, rows = constraint_table(rep, c)
@@ -93,14 +94,8 @@ def bench_compare_cmd(
 ) -> None:
     """MAGIS and every baseline under latency limits 1.05/1.10 and memory limits 0.8/0.4, Pareto
     curves and micro-batching (MAGIS §7.2, Figs. 9-12). Ctrl-C keeps what finished."""
-    from magis.bench.compare import (
-        PAPER_WORKLOADS,
-        BenchError,
-        CompareOptions,
-        MicrobatchScope,
-        check_methods,
-        run_compare,
-    )
+    from magis.bench.compare import BenchError, check_methods, run_compare
+    from magis.bench.compare_report import PAPER_WORKLOADS, CompareOptions, MicrobatchScope
 
     try:
         scope = MicrobatchScope(microbatch)
