@@ -27,6 +27,9 @@ NAME_PATTERN = re.compile(r"[\w.\-]{1,1000}")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 OP_PATTERN = re.compile(r"aten\.[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}")
 MAGIS_OPS = frozenset({STORE_OP, LOAD_OP})
+# String arguments of ATen ops are short words ('tanh', 'floor', 'sum'): codegen writes them by
+# repr anyway, and a file with quotes or brackets in one is refused outright.
+STRING_CONSTANT = re.compile(r"[\w ,.\->]{0,100}")
 # Graph constants are these types, lists and tuples of them, and Refs (nothing else can be
 # written into a plan file or pasted into generated code).
 CONSTANT_TYPES = (
@@ -107,6 +110,8 @@ def check_constant(value: Any, where: str) -> None:
         return
     if type(value) not in CONSTANT_TYPES:
         raise GraphSchemaError(f"{where}: a constant of type {type(value).__name__} is not allowed")
+    if type(value) is str and not STRING_CONSTANT.fullmatch(value):
+        raise GraphSchemaError(f"{where}: {shown(value)} is not a plain word")
 
 
 def check_node(node: Node, where: str) -> torch._ops.OpOverload | None:
