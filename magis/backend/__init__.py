@@ -3,14 +3,30 @@
 from magis.backend.codegen import Program, compile_program, generate
 from magis.backend.executor import Measurement, Verification, measure, verify
 from magis.backend.memory import LiveBytesTracker
+from magis.backend.meta_check import (
+    MetaChecker,
+    MetaCheckError,
+    MetaMismatch,
+    MetaReport,
+    check_graph,
+    check_nodes,
+    nodes_to_check,
+)
 
 __all__ = [
     "LiveBytesTracker",
     "Measurement",
+    "MetaCheckError",
+    "MetaChecker",
+    "MetaMismatch",
+    "MetaReport",
     "Program",
     "Verification",
+    "check_graph",
+    "check_nodes",
     "compile_program",
     "generate",
     "measure",
+    "nodes_to_check",
     "verify",
 ]

@@ -58,7 +58,8 @@ class Names:
     """A Python identifier for every value (Ref) of the graph."""
 
     def __init__(self, graph: Graph, order: list[int]) -> None:
-        taken = {"torch", "aten", "device", "program", "None", "store", "load", "ready", "arena"}
+        # Names the generated code uses besides the values' (`float` spells inf and nan).
+        taken = {"torch", "aten", "device", "program", "store", "load", "ready", "arena", "float"}
         self._names: dict[Ref, str] = {}
         for nid in order:
             node = graph.node(nid)
