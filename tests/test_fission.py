@@ -24,12 +24,12 @@ from magis.capture import WORKLOAD_FAMILIES, workload_step
 from magis.cost import UnitCostModel
 from magis.ir import Graph, Ref
 from magis.ir.builder import GraphBuilder
-from magis.rules.fission import (
+from magis.rules import (
     FissionError,
-    RuleKind,
-    candidates,
+    MutationKind,
     check_shapes,
     materialize,
+    mutations,
     prepare,
 )
 from magis.sim import simulate
@@ -187,11 +187,11 @@ def test_fig6_ftree_with_five_levels():
 # --- F-Tree mutation rules (§5.1, Fig. 7) -------------------------------------------------------
 
 
-def _kinds(tree: FTree) -> dict[RuleKind, list[int]]:
-    out: dict[RuleKind, list[int]] = {k: [] for k in RuleKind}
-    for c in candidates(tree):
+def _kinds(tree: FTree) -> dict[MutationKind, list[int]]:
+    out: dict[MutationKind, list[int]] = {k: [] for k in MutationKind}
+    for c in mutations(tree):
         kind, idx = c.description.split()
-        out[RuleKind(kind)].append(int(idx))
+        out[MutationKind(kind)].append(int(idx))
     return out
 
 
@@ -201,23 +201,23 @@ def test_mutation_rules_follow_fig7():
     name = {g.node(x.dominator).name: i for i, x in enumerate(tree.nodes)}
     leaves = sorted([name["v4"], name["v10"]])
     assert _kinds(tree) == {
-        RuleKind.ENABLE: leaves,
-        **{k: [] for k in RuleKind if k.value != "enable"},
+        MutationKind.ENABLE: leaves,
+        **{k: [] for k in MutationKind if k.value != "enable"},
     }
     # (a) enable a leaf with the smallest divisor
     t1 = tree.with_n(name["v4"], 2)
     got = _kinds(t1)
-    assert name["v3"] in got[RuleKind.ENABLE]  # the parent of an enabled node
-    assert got[RuleKind.DISABLE] == [name["v4"]] and got[RuleKind.LIFT] == [name["v4"]]
-    assert got[RuleKind.MUTATE] == []  # length 2: n = 2 is already the largest divisor
+    assert name["v3"] in got[MutationKind.ENABLE]  # the parent of an enabled node
+    assert got[MutationKind.DISABLE] == [name["v4"]] and got[MutationKind.LIFT] == [name["v4"]]
+    assert got[MutationKind.MUTATE] == []  # length 2: n = 2 is already the largest divisor
     # (b) lift: the parent takes over
-    lift = next(c for c in candidates(t1) if c.description == f"lift {name['v4']}").build()
+    lift = next(c for c in mutations(t1) if c.description == f"lift {name['v4']}").build()
     assert lift.nodes[name["v4"]].n == 1 and lift.nodes[name["v3"]].n == 2
     # (c) disable: only a node without enabled descendants
     both = t1.with_n(name["v3"], 2)
-    assert _kinds(both)[RuleKind.DISABLE] == [name["v4"]]
+    assert _kinds(both)[MutationKind.DISABLE] == [name["v4"]]
     # enabling never goes below an enabled ancestor's subtree root
-    assert name["v10"] not in _kinds(tree.with_n(name["v2"], 2))[RuleKind.ENABLE]
+    assert name["v10"] not in _kinds(tree.with_n(name["v2"], 2))[MutationKind.ENABLE]
 
 
 def test_mutate_rule_steps_to_the_next_divisor():
@@ -228,7 +228,7 @@ def test_mutate_rule_steps_to_the_next_divisor():
     t = tree.with_n(i, 2)
     steps = []
     while True:
-        mut = [c for c in candidates(t) if c.description == f"mutate {i}"]
+        mut = [c for c in mutations(t) if c.description == f"mutate {i}"]
         if not mut:
             break
         t = mut[0].build()

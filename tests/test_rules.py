@@ -1,17 +1,34 @@
 """Every rewrite rule preserves meaning: rewritten programs run and match eager PyTorch exactly
 (DESIGN principle 1), and the incremental hash equals a fresh one."""
 
+import random
+
 import pytest
+import rustworkx as rx
 import torch
 
 from magis.backend import compile_program, measure, verify
 from magis.capture import workload_step
 from magis.cost import get_cost_model
 from magis.ir import Ref
-from magis.rules.base import RuleContext, candidates, place_after_inputs
-from magis.rules.compact import COMPACT, DECOMPACT
-from magis.rules.remat import DEREMAT, MAX_CHAIN, REMAT
-from magis.rules.swap import DESWAP, SWAP
+from magis.ir.builder import GraphBuilder
+from magis.rules import (
+    COMPACT,
+    DECOMPACT,
+    DEREMAT,
+    DESWAP,
+    REMAT,
+    SWAP,
+    TASO_RULES,
+    Rewritten,
+    RuleContext,
+    RuleKind,
+    candidates,
+    node_rule,
+    place_after_inputs,
+    stable_topological_order,
+)
+from magis.rules.remat import MAX_CHAIN
 from magis.schedule.swaps import time_swaps
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.sim import simulate
@@ -203,7 +220,6 @@ def test_storage_map_derived_from_the_parent_equals_a_fresh_build(workload):
     """The search derives each child's StorageMap from its parent's (derive_storages); for
     every rule and its dual, twice in a row, it must equal the full build."""
     from magis.ir.graph import StorageMap, derive_storages
-    from magis.rules.taso import TASO_RULES
 
     _, step = workload_step(workload)
     cost = get_cost_model("rtx3090")
@@ -225,3 +241,105 @@ def test_storage_map_derived_from_the_parent_equals_a_fresh_build(workload):
         order = place_after_inputs(graph, order, last.added)
         graph.storages()  # the next round derives from this one
     assert checked >= 20
+
+
+# --- the rule contract ------------------------------------------------------------------------
+
+
+def _chain_graph():
+    """x -> relu -> relu -> ... (six relus), each reading the one before."""
+    b = GraphBuilder(torch.float64)
+    y = b.input("x", (4, 4))
+    for i in range(6):
+        y = b.relu(y, name=f"r{i}")
+    b.output(y)
+    return b.build()
+
+
+def _relu_rule(built: list[int]):
+    def build(graph, nid):
+        built.append(nid)
+        return Rewritten(graph.copy(), frozenset())
+
+    return node_rule(
+        "touch_relu",
+        RuleKind.TASO,
+        accepts=lambda graph, n: graph.node(n).op == "aten.relu.default",
+        build=build,
+    )
+
+
+def test_node_rule_yields_one_lazy_rewrite_per_accepted_node_capped_and_outside_frozen():
+    graph = _chain_graph()
+    order = graph.program_order()
+    relus = [n for n in order if graph.node(n).op == "aten.relu.default"]
+    sim = simulate(graph, order, get_cost_model("unit"))
+    built: list[int] = []
+    rule = _relu_rule(built)
+
+    everything = list(rule.match(RuleContext(graph, tuple(order), sim)))
+    assert [rw.description for rw in everything] == [
+        f"touch_relu {graph.node(n).name}" for n in relus
+    ]
+    assert {rw.rule for rw in everything} == {"touch_relu"}
+    assert built == []  # nothing is built until asked
+    everything[2].build()
+    assert built == [relus[2]]
+
+    frozen = frozenset(relus[:2])
+    capped = list(rule.match(RuleContext(graph, tuple(order), sim, frozen, max_candidates=3)))
+    assert [rw.description for rw in capped] == [
+        f"touch_relu {graph.node(n).name}" for n in relus[2:5]
+    ]
+
+
+def _kahn_by_rank(graph, order):
+    """The reference: Kahn's algorithm by rank, old nodes ranked by their position in
+    `order`, a new node just ahead of its earliest ranked user (ties by id)."""
+    import heapq
+
+    rank = {n: float(i) for i, n in enumerate(order) if n in graph}
+    for n in sorted(set(graph.nodes) - set(rank), reverse=True):
+        users = [rank[u] for u in graph.successors(n) if u in rank]
+        rank[n] = min(users) - 0.5 if users else float(len(order) + n)
+    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
+    heap = [(rank[n], n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(heap)
+    result = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        result.append(n)
+        for s in graph.successors(n):
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(heap, (rank[s], s))
+    return result
+
+
+def _random_topological_order(graph, seed: int) -> list[int]:
+    keys = {n: f"{random.Random(seed * 100_003 + n).random():.12f}" for n in graph.nodes}
+    return list(rx.lexicographical_topological_sort(graph.dag, key=keys.__getitem__))
+
+
+def test_stable_topological_order_matches_kahn_by_rank(bert_tiny):
+    """`stable_topological_order` (rustworkx's lexicographical sort) gives the reference
+    order: for rewritten graphs (new nodes, some only feeding other new nodes), old orders
+    that are valid, shuffled or reversed (then only dependencies decide)."""
+    cost = get_cost_model("unit")
+    graph = bert_tiny.graph
+    order = graph.program_order()
+    ctx = RuleContext(graph, tuple(order), simulate(graph, order, cost), max_candidates=2)
+    cases = [(graph, order), (graph, order[::-1]), (_chain_graph(), [])]
+    for seed in range(3):
+        cases.append((graph, _random_topological_order(graph, seed)))
+    for rw in candidates([*TASO_RULES, REMAT, SWAP], ctx):
+        res = rw.build()
+        cases.append((res.graph, order))
+        cases.append((res.graph, _random_topological_order(graph, 7)))
+    assert len(cases) >= 12
+    for g, old in cases:
+        got = stable_topological_order(g, old)
+        assert got == _kahn_by_rank(g, old)
+        assert g.is_valid_schedule(got)
+        if g is graph and g.is_valid_schedule(old):
+            assert got == old  # a valid order is kept as it is

@@ -8,7 +8,7 @@ import torch
 from magis.backend import compile_program, verify
 from magis.capture import capture, training_step, workload_step
 from magis.cost import get_cost_model
-from magis.rules.base import RuleContext, place_after_inputs
+from magis.rules import RuleContext, place_after_inputs
 from magis.rules.taso import (
     EXPAND,
     FACTOR,

@@ -42,7 +42,7 @@ from magis.cost import CostModel
 from magis.ir import Graph, PlaceholderKind, Ref
 from magis.ir.graph import map_refs
 from magis.ir.ops import LOAD_OP, STORE_OP
-from magis.rules.remat import recompute_call
+from magis.rules import recompute_call
 from magis.schedule.swaps import time_swaps
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from magis.ir import Graph, Ref
 from magis.ir.graph import map_refs
-from magis.rules.remat import recompute_call
+from magis.rules import recompute_call
 
 
 def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:

@@ -1,1 +1,70 @@
-"""M-Rules (MAGIS §5): F-Trans as a rewrite and the F-Tree mutation rules (§5.1)."""
+"""Graph rewrite rules (MAGIS §5): TASO's substitutions, the M-Rules of §5.2
+(re-materialization, swapping, compaction and their duals), F-Trans as a rewrite and the F-Tree
+mutations of §5.1.
+
+Every graph rewrite rule follows one contract (base.py): a `Rule` whose `match` yields lazy
+`Rewrite`s, each building a `Rewritten` only when asked.
+"""
+
+from magis.rules.base import (
+    Rewrite,
+    Rewritten,
+    Rule,
+    RuleContext,
+    RuleKind,
+    candidates,
+    group_rule,
+    node_rewrites,
+    node_rule,
+    place_after_inputs,
+    stable_topological_order,
+)
+from magis.rules.compact import COMPACT, DECOMPACT
+from magis.rules.fission import FissionError, Materialized, check_shapes, materialize
+from magis.rules.fission_prepare import prepare
+from magis.rules.ftree_moves import (
+    FTREE_MUTATIONS,
+    FTreeMutation,
+    Mutation,
+    MutationKind,
+    directly_enableable,
+    enable_directly,
+    mutations,
+)
+from magis.rules.remat import DEREMAT, REMAT, recompute_call
+from magis.rules.swap import DESWAP, SWAP
+from magis.rules.taso import TASO_RULES
+
+__all__ = [
+    "COMPACT",
+    "DECOMPACT",
+    "DEREMAT",
+    "DESWAP",
+    "FTREE_MUTATIONS",
+    "REMAT",
+    "SWAP",
+    "TASO_RULES",
+    "FTreeMutation",
+    "FissionError",
+    "Materialized",
+    "Mutation",
+    "MutationKind",
+    "Rewrite",
+    "Rewritten",
+    "Rule",
+    "RuleContext",
+    "RuleKind",
+    "candidates",
+    "check_shapes",
+    "directly_enableable",
+    "enable_directly",
+    "group_rule",
+    "materialize",
+    "mutations",
+    "node_rewrites",
+    "node_rule",
+    "place_after_inputs",
+    "prepare",
+    "recompute_call",
+    "stable_topological_order",
+]

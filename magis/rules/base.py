@@ -4,23 +4,32 @@ A `Rule` is data: a name, a kind, and a `match` function that, given the current
 (`RuleContext`), yields lazy `Rewrite`s. A rewrite's `build()` produces the new graph only when
 the search decides to evaluate it, and says which nodes it added or changed — what incremental
 scheduling (Alg. 2) and incremental hashing need. Rules never edit the graph they match on.
+
+Most rules are made by one of two builders: `node_rule` (one rewrite per node a predicate
+accepts) and `group_rule` (one rewrite per group of nodes a finder returns). The F-Tree
+mutations of §5.1 are not graph rewrites: they change a tree (rules/ftree_moves.py).
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TypeVar
+
+import rustworkx as rx
 
 from magis.ir import Graph
 from magis.sim import SimResult
 
+G = TypeVar("G")
+
 
 class RuleKind(enum.Enum):
+    """What a graph rewrite does (MAGIS §5: TASO's substitutions and the M-Rules of §5.2)."""
+
     TASO = "taso"
-    FISSION = "fission"
     REMAT = "remat"
     DEREMAT = "deremat"
     SWAP = "swap"
@@ -112,13 +121,64 @@ def node_rewrites(
         emitted += 1
 
 
+def node_rule(
+    name: str,
+    kind: RuleKind,
+    accepts: Callable[[Graph, int], bool],
+    build: Callable[[Graph, int], Rewritten],
+    describe: Callable[[Graph, int], str] | None = None,
+    order: Callable[[RuleContext], Iterable[int]] | None = None,
+) -> Rule:
+    """A rule with one rewrite per node of the graph that `accepts(graph, node)` (see
+    `node_rewrites`), built by `build(graph, node)`, described by `describe(graph, node)`
+    (default: the rule's name and the node's), nodes in schedule order or in `order(ctx)`."""
+
+    def describe_node(graph: Graph, nid: int) -> str:
+        if describe is not None:
+            return describe(graph, nid)
+        return f"{name} {graph.node(nid).name}"
+
+    def match(ctx: RuleContext) -> Iterator[Rewrite]:
+        graph = ctx.graph
+        return node_rewrites(
+            ctx,
+            name,
+            kind,
+            lambda n: accepts(graph, n),
+            lambda n: describe_node(graph, n),
+            lambda n: build(graph, n),
+            nodes=None if order is None else order(ctx),
+        )
+
+    return Rule(name, kind, match)
+
+
+def group_rule(
+    name: str,
+    kind: RuleKind,
+    find: Callable[[RuleContext], Iterable[G]],
+    build: Callable[[Graph, G], Rewritten],
+    describe: Callable[[Graph, G], str],
+) -> Rule:
+    """A rule with one rewrite per group `find(ctx)` yields (parallel matmuls, pairs of
+    convolution backwards, a hot storage's late reads ...), built by `build(graph, group)`.
+    `find` answers for frozen regions and for how many groups it offers."""
+
+    def match(ctx: RuleContext) -> Iterator[Rewrite]:
+        graph = ctx.graph
+        for group in find(ctx):
+            yield Rewrite(name, kind, describe(graph, group), lambda g=group: build(graph, g))
+
+    return Rule(name, kind, match)
+
+
 def candidates(rules: Iterable[Rule], ctx: RuleContext) -> Iterator[Rewrite]:
     """Every rule's rewrites, rule by rule (lazy: nothing is built)."""
     for rule in rules:
         yield from rule.match(ctx)
 
 
-def place_after_inputs(graph: Graph, order: list[int], new: Iterable[int]) -> list[int]:
+def place_after_inputs(graph: Graph, order: Sequence[int], new: Iterable[int]) -> list[int]:
     """`order` with each new node inserted as late as possible: right before its first user, or
     after its last predecessor when nothing uses it yet. A cheap, valid placement that the
     scheduler refines; used where no better one is asked for (tests, the first guess)."""
@@ -131,27 +191,20 @@ def place_after_inputs(graph: Graph, order: list[int], new: Iterable[int]) -> li
         preds = [pos[p] for p in graph.predecessors(nid) if p in pos]
         at = min(users) if users else (max(preds) + 1 if preds else 0)
         if preds and at <= max(preds):  # no room between its inputs and its users
-            return _stable_topological(graph, order)
+            return stable_topological_order(graph, order)
         result.insert(at, nid)
     return result
 
 
-def _stable_topological(graph: Graph, order: list[int]) -> list[int]:
-    """A valid order that keeps the old nodes' relative order (Kahn's algorithm by rank); a new
-    node ranks just ahead of its earliest old user."""
+def stable_topological_order(graph: Graph, order: Sequence[int]) -> list[int]:
+    """A valid order that keeps the old nodes' relative order where dependencies allow (Kahn's
+    algorithm by rank, rustworkx's lexicographical sort); a new node ranks just ahead of its
+    earliest old user."""
     rank: dict[int, float] = {n: float(i) for i, n in enumerate(order) if n in graph}
     for n in sorted(set(graph.nodes) - set(rank), reverse=True):
         users = [rank[u] for u in graph.successors(n) if u in rank]
         rank[n] = min(users) - 0.5 if users else float(len(order) + n)
-    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
-    heap = [(rank[n], n) for n, d in indegree.items() if d == 0]
-    heapq.heapify(heap)
-    result = []
-    while heap:
-        _, n = heapq.heappop(heap)
-        result.append(n)
-        for s in graph.successors(n):
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                heapq.heappush(heap, (rank[s], s))
-    return result
+    # equal ranks (new nodes ahead of one user) go by id: ids grow in creation order
+    ranked = sorted(rank, key=lambda n: (rank[n], n))
+    key = {n: f"{i:09d}" for i, n in enumerate(ranked)}
+    return list(rx.lexicographical_topological_sort(graph.dag, key=key.__getitem__))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from magis.ir import Graph, Ref
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rewrites
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rule
 from magis.rules.remat import LateReads, hot_late_reads, merge_into
 
 CLONE = "aten.clone.default"
@@ -86,16 +86,11 @@ def decompact(graph: Graph, nid: int) -> Rewritten:
     return Rewritten(g, frozenset(), frozenset(changed), frozenset(removed))
 
 
-def _match_decompact(ctx: RuleContext) -> Iterator[Rewrite]:
-    return node_rewrites(
-        ctx,
-        "decompact",
-        RuleKind.DECOMPACT,
-        lambda n: _is_compaction(ctx.graph, n),
-        lambda n: f"read {ctx.graph.node(n).name}'s view again",
-        lambda n: decompact(ctx.graph, n),
-    )
-
-
 COMPACT = Rule("compact", RuleKind.COMPACT, _match_compact)
-DECOMPACT = Rule("decompact", RuleKind.DECOMPACT, _match_decompact)
+DECOMPACT = node_rule(
+    "decompact",
+    RuleKind.DECOMPACT,
+    accepts=_is_compaction,
+    build=decompact,
+    describe=lambda graph, n: f"read {graph.node(n).name}'s view again",
+)

@@ -1,4 +1,4 @@
-"""F-Trans as a graph rewrite, the rewrites that prepare for it, and the F-Tree mutation rules.
+"""F-Trans as a graph rewrite (MAGIS §4.2-§4.3): an F-Tree's enabled nodes materialized.
 
 An enabled F-Tree node (n > 1) is *materialized*: the sub-graph S is copied n times with 1/n
 shapes, one copy after the other (the hierarchical schedule of MAGIS §4.3 written out), so the
@@ -25,26 +25,14 @@ copies in turn. The generated code is therefore unrolled — one block per part,
 intermediates (`x = None`) as it goes — rather than a Python `for` loop: the memory it frees and
 the order it runs are exactly what the simulator sees.
 
-`prepare` rewrites a captured graph so that a split may cross the loss (interim transformations,
-MAGIS §2.2: algebraic identities that open opportunities for others):
-
-- `ones_like(loss)` (the seed of the backward pass) and the other `*_like` creations become
-  `ones(shape)`: they read only the shape, and the false data dependency would make every
-  forward+backward region non-convex;
-- `nll_loss_forward(x, t, reduction=mean)` becomes `nll_loss_forward(x, t, reduction=sum) /
-  total_weight` with the total weight computed from the targets alone (`sum(t != ignore_index)`),
-  so the loss of a batch slice is a partial sum and the backward reads the whole batch's total
-  weight. Only without class weights (the workloads have none).
-
-The F-Tree mutation rules of §5.1 (Fig. 7) are data — `FTreeRule(name, match, apply)` — and
-`candidates` yields lazy `(description, thunk)` pairs, built only when the search evaluates them.
+What prepares a captured graph for fission is in fission_prepare.py; the F-Tree mutations that
+choose what to materialize are in ftree_moves.py.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import rustworkx as rx
 import torch
@@ -53,220 +41,11 @@ from magis.analyze import FTrans, FTransInfo, FTree, OutputKind, Rejected, check
 from magis.errors import MagisError
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.dims import split_shape
-from magis.ir.graph import Node, NodeKind, refs_in
-from magis.ir.ops import _base_name
+from magis.rules.rebuild import GraphRebuilder, map_slots
 
 
 class FissionError(MagisError):
     """An F-Trans that cannot be applied to this graph (the message says which node and why)."""
-
-
-# --- rebuilding a graph ------------------------------------------------------------------------
-
-
-class GraphRebuilder:
-    """Copies nodes of `old`, in the order asked, into a new Graph, remapping their Refs.
-
-    The new graph's insertion order is the order of the calls, so its program order is the
-    schedule the rewrite chose. `ids[old]` lists the new nodes an old node became.
-    """
-
-    def __init__(self, old: Graph) -> None:
-        self.old = old
-        self.new = Graph(old.registry)
-        self.env: dict[Ref, Ref] = {}
-        self.ids: dict[int, list[int]] = {}
-        # Copies keep their node's id (and, when none of their inputs moved, the very Node:
-        # no remapping): a split touches a few hundred nodes of thousands, and rebuilding the
-        # rest cost more than the split. Created nodes get fresh ids, in call order.
-        self._next = old.next_id
-        self.created: list[int] = []  # nodes that are not a plain copy of an old node
-        self.remapped: list[int] = []  # copies whose inputs moved (same id, new Node)
-
-    def mapped(self, value):
-        """`value` with every Ref replaced by its new Ref."""
-        if isinstance(value, Ref):
-            return self.env[value]
-        if isinstance(value, list):
-            return [self.mapped(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(self.mapped(v) for v in value)
-        return value
-
-    def copy(self, nid: int) -> int:
-        node = self.old.node(nid)
-        env = self.env
-        if (
-            node.is_placeholder
-            or all(env[r] == r for r in node.inputs)
-            and (node.writes_into is None or env[node.writes_into] == node.writes_into)
-        ):
-            new = self.new.restore_node(node)
-        else:
-            self.remapped.append(nid)
-            new = self._add_node(
-                node.id,
-                node.name,
-                node.op,
-                self.mapped(node.args),
-                {k: self.mapped(v) for k, v in node.kwargs},
-                node.outputs,
-                writes_into=self.env[node.writes_into] if node.writes_into else None,
-            )
-        self.bind(nid, [new])
-        return new
-
-    def add_op(
-        self,
-        name: str,
-        op: str,
-        args: tuple,
-        kwargs: dict | None,
-        outputs: tuple[TensorMeta, ...],
-        writes_into: Ref | None = None,
-    ) -> int:
-        """`Graph.add_op` without its per-call ordering of readers before in-place writers,
-        which scans the graph each time (quadratic on 100k-node splits); `finish` orders them
-        all at once. Nodes enter through `Graph.restore_node`, ids in call order."""
-        nid = self._add_node(self._next, name, op, args, kwargs, outputs, writes_into)
-        self._next += 1
-        self.created.append(nid)
-        return nid
-
-    def _add_node(
-        self,
-        nid: int,
-        name: str,
-        op: str,
-        args: tuple,
-        kwargs: dict | None,
-        outputs: tuple[TensorMeta, ...],
-        writes_into: Ref | None = None,
-    ) -> int:
-        kw = tuple(sorted((kwargs or {}).items()))
-        inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
-        node = Node(
-            id=nid,
-            name=name,
-            op=op,
-            kind=NodeKind.OP,
-            args=tuple(args),
-            kwargs=kw,
-            outputs=tuple(outputs),
-            writes_into=writes_into,
-            inputs=inputs,
-        )
-        return self.new.restore_node(node)
-
-    def bind(self, nid: int, new_ids: list[int]) -> None:
-        self.ids[nid] = new_ids
-        if len(new_ids) == 1:
-            for i in range(len(self.old.node(nid).outputs)):
-                self.env.setdefault(Ref(nid, i), Ref(new_ids[0], i))
-
-    def add(self, name: str, op: str, args: tuple, outputs: tuple[TensorMeta, ...], **kw) -> Ref:
-        return Ref(self.add_op(name, op, args, kw or None, outputs))
-
-    def finish(self) -> Graph:
-        """Outputs remapped, control dependencies carried to every copy, in-place writes ordered
-        after every new reader (a merge may read what an update overwrites). Copies inherit
-        their original's constraints, so only the created nodes are examined: a whole-graph
-        pass per split would cost more than the split."""
-        g = self.new
-        g.set_outputs([self.env[r] for r in self.old.outputs])
-        for after in self.old.nodes:
-            for before in self.old.control_deps(after):
-                for b in self.ids.get(before, []):
-                    for a in self.ids.get(after, []):
-                        g.add_control_dep(b, a)
-        g.order_before_writers(self.created)
-        g.verify()
-        return g
-
-
-def _map_slots(node: Node, fn: Callable[[int, Ref], Ref]) -> tuple[tuple, dict]:
-    """The node's args and kwargs with the j-th Ref occurrence (slot j) replaced by fn(j, ref)."""
-    counter = iter(range(1 << 30))
-
-    def walk(value):
-        if isinstance(value, Ref):
-            return fn(next(counter), value)
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(walk(v) for v in value)
-        return value
-
-    args = walk(node.args)
-    kwargs = {k: walk(v) for k, v in node.kwargs}
-    return args, kwargs
-
-
-# --- interim transformations that open the loss to fission -------------------------------------
-
-_LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
-_NLL = ("nll_loss_forward", "nll_loss2d_forward")
-
-
-def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
-    """The graph with `*_like` creations detached and mean NLL losses split into sum / count
-    (see the module docstring); placeholders are kept, and the program order is `order`
-    (default: the graph's own)."""
-    rb = GraphRebuilder(graph)
-    for nid in graph.program_order() if order is None else order:
-        node = graph.node(nid)
-        base = _base_name(node.op)
-        if base in _LIKE and not node.is_placeholder and node.writes_into is None:
-            _detach_like(rb, node)
-        elif base in _NLL and _mean_nll_without_weight(node):
-            _split_mean_nll(rb, node)
-        else:
-            rb.copy(nid)
-    return rb.finish()
-
-
-def _detach_like(rb: GraphRebuilder, node: Node) -> None:
-    meta = node.outputs[0]
-    kw = {"dtype": meta.torch_dtype, "layout": torch.strided, "device": torch.device("cpu")}
-    kw["pin_memory"] = False
-    shape = list(meta.shape)
-    base = _LIKE[_base_name(node.op)]
-    if base == "full":
-        args, op = (shape, node.args[1]), "aten.full.default"
-    elif base == "empty":
-        args, op = (shape,), "aten.empty.memory_format"
-    else:
-        args, op = (shape,), f"aten.{base}.default"
-    new = rb.add(node.name, op, args, node.outputs, **kw)
-    rb.bind(node.id, [new.node])
-
-
-def _mean_nll_without_weight(node: Node) -> bool:
-    return len(node.args) >= 5 and node.args[3] == 1 and node.args[2] is None
-
-
-def _split_mean_nll(rb: GraphRebuilder, node: Node) -> None:
-    """loss = nll(x, t, reduction=sum) / sum(t != ignore_index): the numerator splits over the
-    batch as a partial sum, the denominator reads only the targets."""
-    x, t, _, _, ignore = node.args[:5]
-    loss_meta, tw_meta = node.outputs[0], node.outputs[1]
-    total = rb.add(
-        f"{node.name}_sum", node.op, (rb.mapped(x), rb.mapped(t), None, 2, ignore), node.outputs
-    )
-    t_meta = rb.old.meta(t)
-    valid = rb.add(
-        f"{node.name}_valid",
-        "aten.ne.Scalar",
-        (rb.mapped(t), ignore),
-        (TensorMeta(t_meta.shape, "bool", 1),),
-    )
-    count = rb.add(
-        f"{node.name}_count", "aten.sum.default", (valid,), (tw_meta,), dtype=tw_meta.torch_dtype
-    )
-    loss = rb.add(node.name, "aten.div.Tensor", (total, count), (loss_meta,))
-    rb.ids[node.id] = [total.node, valid.node, count.node, loss.node]
-    rb.env[Ref(node.id, 0)] = loss
-    rb.env[Ref(node.id, 1)] = count
 
 
 # --- materializing one F-Trans -----------------------------------------------------------------
@@ -379,7 +158,7 @@ def _emit_part_node(rb, graph, info, dims, v, axis, i, local, sliced) -> None:
             sliced[(ref, d)] = _slice(rb, graph, ref, d, i, n)
         return sliced[(ref, d)]
 
-    args, kwargs = _map_slots(node, arg)
+    args, kwargs = map_slots(node, arg)
     outs = tuple(
         TensorMeta(split_shape(m.shape, d, n), m.dtype, m.itemsize)
         if (d := dims.output_dim(k, axis)) is not None
@@ -566,141 +345,3 @@ def check_shapes(graph: Graph) -> None:
                     f"{node.name} makes shape {tuple(t.shape)}, expected {meta.shape}"
                 )
             env[Ref(nid, k)] = t
-
-
-# --- F-Tree mutation rules (MAGIS §5.1, Fig. 7) ------------------------------------------------
-
-
-class RuleKind(enum.Enum):
-    ENABLE = "enable"
-    LIFT = "lift"
-    DISABLE = "disable"
-    MUTATE = "mutate"
-
-
-@dataclass(frozen=True)
-class FTreeRule:
-    """One mutation rule: `match` yields the tree-node indices it applies to; `apply` returns the
-    mutated tree (a new value: trees are immutable)."""
-
-    kind: RuleKind
-    match: Callable[[FTree], Iterator[int]]
-    apply: Callable[[FTree, int], FTree]
-    doc: str = field(default="", compare=False)
-
-
-def _smallest_divisor(length: int, above: int = 1) -> int | None:
-    return next((d for d in range(above + 1, length + 1) if length % d == 0), None)
-
-
-def _effective_length(tree: FTree, i: int) -> int:
-    """The length node i can still be split by: an enabled ancestor along the same dimension has
-    already divided it."""
-    length = tree.nodes[i].length
-    for a in tree.ancestors(i):
-        anc = tree.nodes[a]
-        if anc.enabled and anc.component == tree.nodes[i].component:
-            length //= anc.n
-    return length
-
-
-def _has_enabled_ancestor(tree: FTree, i: int) -> bool:
-    return any(tree.nodes[a].enabled for a in tree.ancestors(i))
-
-
-def _match_enable(tree: FTree) -> Iterator[int]:
-    """A disabled leaf, or a disabled parent of an enabled node, without enabled ancestors."""
-    for i, node in enumerate(tree.nodes):
-        if node.enabled or _has_enabled_ancestor(tree, i):
-            continue
-        kids = tree.children(i)
-        if (not kids or any(tree.nodes[c].enabled for c in kids)) and _smallest_divisor(
-            _effective_length(tree, i)
-        ):
-            yield i
-
-
-def _apply_enable(tree: FTree, i: int) -> FTree:
-    return tree.with_n(i, _smallest_divisor(_effective_length(tree, i)))
-
-
-def _match_lift(tree: FTree) -> Iterator[int]:
-    """An enabled node without enabled ancestors, whose parent exists."""
-    for i, node in enumerate(tree.nodes):
-        if (
-            node.enabled
-            and node.parent is not None
-            and not _has_enabled_ancestor(tree, i)
-            and _smallest_divisor(tree.nodes[node.parent].length)
-        ):
-            yield i
-
-
-def _apply_lift(tree: FTree, i: int) -> FTree:
-    node = tree.nodes[i]
-    p = node.parent
-    length = tree.nodes[p].length
-    n = node.n if length % node.n == 0 else _smallest_divisor(length)
-    return tree.with_n(i, 1).with_n(p, n)
-
-
-def _match_disable(tree: FTree) -> Iterator[int]:
-    """An enabled node with no enabled descendant."""
-    for i, node in enumerate(tree.nodes):
-        if node.enabled and not any(tree.nodes[d].enabled for d in tree.descendants(i)):
-            yield i
-
-
-def _apply_disable(tree: FTree, i: int) -> FTree:
-    return tree.with_n(i, 1)
-
-
-def _match_mutate(tree: FTree) -> Iterator[int]:
-    """An enabled node whose n is not yet the largest divisor of its length."""
-    for i, node in enumerate(tree.nodes):
-        if node.enabled and _smallest_divisor(_effective_length(tree, i), node.n):
-            yield i
-
-
-def _apply_mutate(tree: FTree, i: int) -> FTree:
-    return tree.with_n(i, _smallest_divisor(_effective_length(tree, i), tree.nodes[i].n))
-
-
-def directly_enableable(tree: FTree) -> Iterator[int]:
-    """Disabled nodes with nothing enabled above or below them: what enabling a leaf of their
-    subtree and lifting it up to them (Fig. 7 (a), then (b) repeatedly) reaches."""
-    for i, node in enumerate(tree.nodes):
-        if node.enabled or _has_enabled_ancestor(tree, i):
-            continue
-        if any(tree.nodes[d].enabled for d in tree.descendants(i)):
-            continue
-        if _smallest_divisor(_effective_length(tree, i)):
-            yield i
-
-
-def enable_directly(tree: FTree, i: int) -> FTree:
-    """Node i enabled with its smallest fission number (see `directly_enableable`)."""
-    return _apply_enable(tree, i)
-
-
-FTREE_RULES: tuple[FTreeRule, ...] = (
-    FTreeRule(RuleKind.ENABLE, _match_enable, _apply_enable, "Fig. 7 (a)"),
-    FTreeRule(RuleKind.LIFT, _match_lift, _apply_lift, "Fig. 7 (b)"),
-    FTreeRule(RuleKind.DISABLE, _match_disable, _apply_disable, "Fig. 7 (c)"),
-    FTreeRule(RuleKind.MUTATE, _match_mutate, _apply_mutate, "Fig. 7 (d)"),
-)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A lazy mutation: `build()` makes the new tree only when asked."""
-
-    description: str
-    build: Callable[[], FTree]
-
-
-def candidates(tree: FTree, rules: Sequence[FTreeRule] = FTREE_RULES) -> Iterator[Candidate]:
-    """Every applicable mutation of `tree`, rule by rule, nodes in index order."""
-    for rule in rules:
-        for i in rule.match(tree):
-            yield Candidate(f"{rule.kind.value} {i}", lambda rule=rule, i=i: rule.apply(tree, i))

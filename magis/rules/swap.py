@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rewrites
+from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
 from magis.rules.remat import LateReads, hot_late_reads, merge_into, redirect_late_reads
 
 
@@ -46,28 +46,21 @@ def _swappable(graph: Graph, value: Ref) -> bool:
     return not graph.node(value.node).is_placeholder and not graph.info(value.node).copy_stream
 
 
-def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
+def _swappable_late_reads(ctx: RuleContext) -> Iterator[LateReads]:
     graph = ctx.graph
-    for reads in hot_late_reads(ctx, lambda v: _swappable(graph, v)):
-        yield Rewrite(
-            "swap",
-            RuleKind.SWAP,
-            f"swap {graph.node(reads.storage.node).name} out until "
-            f"{graph.node(reads.readers[0]).name}",
-            lambda r=reads: swap(graph, r),
-        )
+    return hot_late_reads(ctx, lambda v: _swappable(graph, v))
 
 
-def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
-    return node_rewrites(
-        ctx,
-        "deswap",
-        RuleKind.DESWAP,
-        lambda n: ctx.graph.node(n).op == LOAD_OP,
-        lambda n: f"drop the swap of {ctx.graph.node(n).name}",
-        lambda n: unswap(ctx.graph, n),
-    )
+def _describe_swap(graph: Graph, reads: LateReads) -> str:
+    name, until = graph.node(reads.storage.node).name, graph.node(reads.readers[0]).name
+    return f"swap {name} out until {until}"
 
 
-SWAP = Rule("swap", RuleKind.SWAP, _match_swap)
-DESWAP = Rule("deswap", RuleKind.DESWAP, _match_deswap)
+SWAP = group_rule("swap", RuleKind.SWAP, _swappable_late_reads, swap, _describe_swap)
+DESWAP = node_rule(
+    "deswap",
+    RuleKind.DESWAP,
+    accepts=lambda graph, n: graph.node(n).op == LOAD_OP,
+    build=unswap,
+    describe=lambda graph, n: f"drop the swap of {graph.node(n).name}",
+)

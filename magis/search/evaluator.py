@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph, derive_storages
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext
+from magis.rules import Rewrite, Rewritten, Rule, RuleContext
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves

@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from magis.analyze.ftree import FTree, build_ftree
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.rules.fission import (
-    FTREE_RULES,
+from magis.rules import (
+    FTREE_MUTATIONS,
     Materialized,
-    RuleKind,
+    MutationKind,
     directly_enableable,
     enable_directly,
     materialize,
+    mutations,
     prepare,
 )
-from magis.rules.fission import candidates as ftree_candidates
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def _all_moves(tree) -> Iterator[tuple[str, object]]:
 
     yield from _direct_moves(tree)
     yield from _level_moves(tree)
-    for cand in sorted(ftree_candidates(tree), key=rank):
+    for cand in sorted(mutations(tree), key=rank):
         yield cand.description, cand.build
 
 
@@ -182,8 +182,8 @@ def _level_moves(tree) -> Iterator[tuple[str, object]]:
     peak; one at a time, the 24 layers of gpt-neo-1.3b cost 24 materializations (seconds each)
     before the search sees what splitting them all is worth, and a budget of minutes runs out
     first. The single-node mutations still follow, to undo or refine."""
-    for kind in (RuleKind.ENABLE, RuleKind.MUTATE):
-        rule = next(r for r in FTREE_RULES if r.kind is kind)
+    for kind in (MutationKind.ENABLE, MutationKind.MUTATE):
+        rule = next(r for r in FTREE_MUTATIONS if r.kind is kind)
         by_level: dict[int, list[int]] = {}
         for i in rule.match(tree):
             by_level.setdefault(tree.nodes[i].level, []).append(i)

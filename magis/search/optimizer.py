@@ -26,11 +26,17 @@ from dataclasses import dataclass, field, replace
 
 from magis.cost import CostModel
 from magis.ir import Graph
-from magis.rules.base import Rule, RuleContext
-from magis.rules.compact import COMPACT, DECOMPACT
-from magis.rules.remat import DEREMAT, REMAT
-from magis.rules.swap import DESWAP, SWAP
-from magis.rules.taso import TASO_RULES
+from magis.rules import (
+    COMPACT,
+    DECOMPACT,
+    DEREMAT,
+    DESWAP,
+    REMAT,
+    SWAP,
+    TASO_RULES,
+    Rule,
+    RuleContext,
+)
 from magis.schedule import schedule
 from magis.search import fission_moves
 from magis.search.budget import Budget, PolishCost

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from magis.rules.base import Rule
+from magis.rules import Rule
 
 DELTA = 1.1  # Alg. 3's relaxation coefficient
 EXPANSION_WIDTH = 8  # children evaluated per pop before the state goes back (partial expansion)

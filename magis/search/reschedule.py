@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from magis.cost import CostModel
 from magis.ir import Graph
-from magis.rules.base import Rewritten
+from magis.rules import Rewritten
 from magis.schedule import incremental_schedule
 from magis.schedule.swaps import time_swaps
 

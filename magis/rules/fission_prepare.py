@@ -1,0 +1,88 @@
+"""Interim transformations that open the loss to fission (MAGIS §2.2: algebraic identities
+that open opportunities for others).
+
+`prepare` rewrites a captured graph so that a split may cross the loss:
+
+- `ones_like(loss)` (the seed of the backward pass) and the other `*_like` creations become
+  `ones(shape)`: they read only the shape, and the false data dependency would make every
+  forward+backward region non-convex;
+- `nll_loss_forward(x, t, reduction=mean)` becomes `nll_loss_forward(x, t, reduction=sum) /
+  total_weight` with the total weight computed from the targets alone (`sum(t != ignore_index)`),
+  so the loss of a batch slice is a partial sum and the backward reads the whole batch's total
+  weight. Only without class weights (the workloads have none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from magis.ir import Graph, Ref, TensorMeta
+from magis.ir.graph import Node
+from magis.ir.ops import _base_name
+from magis.rules.rebuild import GraphRebuilder
+
+_LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
+_NLL = ("nll_loss_forward", "nll_loss2d_forward")
+
+
+def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
+    """The graph with `*_like` creations detached and mean NLL losses split into sum / count
+    (see the module docstring); placeholders are kept, and the program order is `order`
+    (default: the graph's own)."""
+    rb = GraphRebuilder(graph)
+    for nid in graph.program_order() if order is None else order:
+        node = graph.node(nid)
+        base = _base_name(node.op)
+        if base in _LIKE and not node.is_placeholder and node.writes_into is None:
+            _detach_like(rb, node)
+        elif base in _NLL and _mean_nll_without_weight(node):
+            _split_mean_nll(rb, node)
+        else:
+            rb.copy(nid)
+    return rb.finish()
+
+
+def _detach_like(rb: GraphRebuilder, node: Node) -> None:
+    meta = node.outputs[0]
+    kw = {"dtype": meta.torch_dtype, "layout": torch.strided, "device": torch.device("cpu")}
+    kw["pin_memory"] = False
+    shape = list(meta.shape)
+    base = _LIKE[_base_name(node.op)]
+    if base == "full":
+        args, op = (shape, node.args[1]), "aten.full.default"
+    elif base == "empty":
+        args, op = (shape,), "aten.empty.memory_format"
+    else:
+        args, op = (shape,), f"aten.{base}.default"
+    new = rb.add(node.name, op, args, node.outputs, **kw)
+    rb.bind(node.id, [new.node])
+
+
+def _mean_nll_without_weight(node: Node) -> bool:
+    return len(node.args) >= 5 and node.args[3] == 1 and node.args[2] is None
+
+
+def _split_mean_nll(rb: GraphRebuilder, node: Node) -> None:
+    """loss = nll(x, t, reduction=sum) / sum(t != ignore_index): the numerator splits over the
+    batch as a partial sum, the denominator reads only the targets."""
+    x, t, _, _, ignore = node.args[:5]
+    loss_meta, tw_meta = node.outputs[0], node.outputs[1]
+    total = rb.add(
+        f"{node.name}_sum", node.op, (rb.mapped(x), rb.mapped(t), None, 2, ignore), node.outputs
+    )
+    t_meta = rb.old.meta(t)
+    valid = rb.add(
+        f"{node.name}_valid",
+        "aten.ne.Scalar",
+        (rb.mapped(t), ignore),
+        (TensorMeta(t_meta.shape, "bool", 1),),
+    )
+    count = rb.add(
+        f"{node.name}_count", "aten.sum.default", (valid,), (tw_meta,), dtype=tw_meta.torch_dtype
+    )
+    loss = rb.add(node.name, "aten.div.Tensor", (total, count), (loss_meta,))
+    rb.ids[node.id] = [total.node, valid.node, count.node, loss.node]
+    rb.env[Ref(node.id, 0)] = loss
+    rb.env[Ref(node.id, 1)] = count

@@ -1,0 +1,152 @@
+"""The F-Tree mutations of MAGIS §5.1 (Fig. 7): enable, lift, disable and mutate.
+
+They change an F-Tree, not a graph: the search materializes the mutated tree
+(rules/fission.py) to get the state's graph (search/fission_moves.py). A mutation is data —
+`FTreeMutation(kind, match, apply)` — and `mutations` yields lazy `Mutation`s, each tree built
+only when the search evaluates it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from magis.analyze import FTree
+
+
+class MutationKind(enum.Enum):
+    """Which of Fig. 7's mutations (not a `RuleKind`: these change a tree, not a graph)."""
+
+    ENABLE = "enable"
+    LIFT = "lift"
+    DISABLE = "disable"
+    MUTATE = "mutate"
+
+
+@dataclass(frozen=True)
+class FTreeMutation:
+    """One mutation rule: `match` yields the tree-node indices it applies to; `apply` returns the
+    mutated tree (a new value: trees are immutable)."""
+
+    kind: MutationKind
+    match: Callable[[FTree], Iterator[int]]
+    apply: Callable[[FTree, int], FTree]
+    doc: str = field(default="", compare=False)
+
+
+def _smallest_divisor(length: int, above: int = 1) -> int | None:
+    return next((d for d in range(above + 1, length + 1) if length % d == 0), None)
+
+
+def _effective_length(tree: FTree, i: int) -> int:
+    """The length node i can still be split by: an enabled ancestor along the same dimension has
+    already divided it."""
+    length = tree.nodes[i].length
+    for a in tree.ancestors(i):
+        anc = tree.nodes[a]
+        if anc.enabled and anc.component == tree.nodes[i].component:
+            length //= anc.n
+    return length
+
+
+def _has_enabled_ancestor(tree: FTree, i: int) -> bool:
+    return any(tree.nodes[a].enabled for a in tree.ancestors(i))
+
+
+def _match_enable(tree: FTree) -> Iterator[int]:
+    """A disabled leaf, or a disabled parent of an enabled node, without enabled ancestors."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled or _has_enabled_ancestor(tree, i):
+            continue
+        kids = tree.children(i)
+        if (not kids or any(tree.nodes[c].enabled for c in kids)) and _smallest_divisor(
+            _effective_length(tree, i)
+        ):
+            yield i
+
+
+def _apply_enable(tree: FTree, i: int) -> FTree:
+    return tree.with_n(i, _smallest_divisor(_effective_length(tree, i)))
+
+
+def _match_lift(tree: FTree) -> Iterator[int]:
+    """An enabled node without enabled ancestors, whose parent exists."""
+    for i, node in enumerate(tree.nodes):
+        if (
+            node.enabled
+            and node.parent is not None
+            and not _has_enabled_ancestor(tree, i)
+            and _smallest_divisor(tree.nodes[node.parent].length)
+        ):
+            yield i
+
+
+def _apply_lift(tree: FTree, i: int) -> FTree:
+    node = tree.nodes[i]
+    p = node.parent
+    length = tree.nodes[p].length
+    n = node.n if length % node.n == 0 else _smallest_divisor(length)
+    return tree.with_n(i, 1).with_n(p, n)
+
+
+def _match_disable(tree: FTree) -> Iterator[int]:
+    """An enabled node with no enabled descendant."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled and not any(tree.nodes[d].enabled for d in tree.descendants(i)):
+            yield i
+
+
+def _apply_disable(tree: FTree, i: int) -> FTree:
+    return tree.with_n(i, 1)
+
+
+def _match_mutate(tree: FTree) -> Iterator[int]:
+    """An enabled node whose n is not yet the largest divisor of its length."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled and _smallest_divisor(_effective_length(tree, i), node.n):
+            yield i
+
+
+def _apply_mutate(tree: FTree, i: int) -> FTree:
+    return tree.with_n(i, _smallest_divisor(_effective_length(tree, i), tree.nodes[i].n))
+
+
+def directly_enableable(tree: FTree) -> Iterator[int]:
+    """Disabled nodes with nothing enabled above or below them: what enabling a leaf of their
+    subtree and lifting it up to them (Fig. 7 (a), then (b) repeatedly) reaches."""
+    for i, node in enumerate(tree.nodes):
+        if node.enabled or _has_enabled_ancestor(tree, i):
+            continue
+        if any(tree.nodes[d].enabled for d in tree.descendants(i)):
+            continue
+        if _smallest_divisor(_effective_length(tree, i)):
+            yield i
+
+
+def enable_directly(tree: FTree, i: int) -> FTree:
+    """Node i enabled with its smallest fission number (see `directly_enableable`)."""
+    return _apply_enable(tree, i)
+
+
+FTREE_MUTATIONS: tuple[FTreeMutation, ...] = (
+    FTreeMutation(MutationKind.ENABLE, _match_enable, _apply_enable, "Fig. 7 (a)"),
+    FTreeMutation(MutationKind.LIFT, _match_lift, _apply_lift, "Fig. 7 (b)"),
+    FTreeMutation(MutationKind.DISABLE, _match_disable, _apply_disable, "Fig. 7 (c)"),
+    FTreeMutation(MutationKind.MUTATE, _match_mutate, _apply_mutate, "Fig. 7 (d)"),
+)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A lazy mutation: `build()` makes the new tree only when asked."""
+
+    description: str
+    build: Callable[[], FTree]
+
+
+def mutations(tree: FTree, rules: Sequence[FTreeMutation] = FTREE_MUTATIONS) -> Iterator[Mutation]:
+    """Every applicable mutation of `tree`, rule by rule, nodes in index order."""
+    for rule in rules:
+        for i in rule.match(tree):
+            yield Mutation(f"{rule.kind.value} {i}", lambda rule=rule, i=i: rule.apply(tree, i))

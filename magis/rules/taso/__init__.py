@@ -1,0 +1,36 @@
+"""TASO-style substitutions that matter in training graphs (thesis ch. 3; MAGIS §5, §7.1),
+one module per family, combined as data.
+
+Each rule is checked the TASO way (thesis §3.4): by running the rewritten program on random
+inputs and comparing with the original (tests/test_taso.py).
+"""
+
+from magis.rules.taso import cat, conv, conv_cat, distributivity, matmul
+from magis.rules.taso.cat import FOLD_SLICE_OF_CAT
+from magis.rules.taso.conv import MERGE_CONV_BACKWARD, SPLIT_CONV_BACKWARD
+from magis.rules.taso.conv_cat import (
+    MERGE_CONV_OUTPUT,
+    MERGE_WGRADS_OF_CAT,
+    SPLIT_CONV_OUTPUT,
+    SPLIT_WGRAD_OF_CAT,
+)
+from magis.rules.taso.distributivity import EXPAND, FACTOR
+from magis.rules.taso.matmul import MERGE_MATMUL, SPLIT_MATMUL
+
+# The search offers candidates in this order (and a seeded search shuffles this tuple).
+TASO_RULES = (*matmul.RULES, *cat.RULES, *distributivity.RULES, *conv.RULES, *conv_cat.RULES)
+
+__all__ = [
+    "EXPAND",
+    "FACTOR",
+    "FOLD_SLICE_OF_CAT",
+    "MERGE_CONV_BACKWARD",
+    "MERGE_CONV_OUTPUT",
+    "MERGE_MATMUL",
+    "MERGE_WGRADS_OF_CAT",
+    "SPLIT_CONV_BACKWARD",
+    "SPLIT_CONV_OUTPUT",
+    "SPLIT_MATMUL",
+    "SPLIT_WGRAD_OF_CAT",
+    "TASO_RULES",
+]

@@ -1,0 +1,63 @@
+"""What the TASO families share: the ATen ops they rewrite and small graph-building helpers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from magis.ir import Graph, Ref, TensorMeta
+from magis.rules.base import RuleContext
+
+MM, ADDMM = "aten.mm.default", "aten.addmm.default"
+CAT, SLICE = "aten.cat.default", "aten.slice.Tensor"
+ADD, MUL = "aten.add.Tensor", "aten.mul.Tensor"
+CONV_BACKWARD = "aten.convolution_backward.default"
+CONVOLUTION = "aten.convolution.default"
+NOTHING = TensorMeta((0,), "float32", 4)  # what a masked-out gradient is (an empty tensor)
+
+
+def add_cat(g: Graph, name: str, parts: list[Ref], dim: int) -> int:
+    """A new `cat` of `parts` along `dim`."""
+    metas = [g.meta(p) for p in parts]
+    shape = list(metas[0].shape)
+    shape[dim] = sum(m.shape[dim] for m in metas)
+    out = TensorMeta(tuple(shape), metas[0].dtype, metas[0].itemsize)
+    return g.add_op(name, CAT, (list(parts), dim), outputs=(out,))
+
+
+def slice_meta(meta: TensorMeta, dim: int, start: int, end: int) -> TensorMeta:
+    """The meta of a unit-step slice of a tensor with `meta`: a view, so its strides are the
+    tensor's."""
+    shape = list(meta.shape)
+    shape[dim] = end - start
+    return replace(meta, shape=tuple(shape))
+
+
+def part_meta(meta: TensorMeta, dim: int, start: int, end: int) -> TensorMeta:
+    """The meta of a new (contiguous) tensor shaped like a slice of one with `meta`."""
+    return contiguous(slice_meta(meta, dim, start, end))
+
+
+def contiguous(meta: TensorMeta) -> TensorMeta:
+    """`meta` with row-major strides: what an op that computes a new tensor (a matmul, a
+    convolution) makes where a view of another tensor stood."""
+    return TensorMeta(meta.shape, meta.dtype, meta.itemsize)
+
+
+def add_slice(g: Graph, name: str, ref: Ref, dim: int, start: int, end: int) -> Ref:
+    """A new unit-step slice of `ref` along `dim`."""
+    out = slice_meta(g.meta(ref), dim, start, end)
+    return Ref(g.add_op(name, SLICE, (ref, dim, start, end), outputs=(out,)))
+
+
+def conv_backward_mask(graph: Graph, nid: int) -> list[bool] | None:
+    """The output mask (input, weight, bias gradients) of a `convolution_backward`, or None."""
+    node = graph.node(nid)
+    if node.op != CONV_BACKWARD or node.kwargs or len(node.args) != 11:
+        return None
+    return [bool(m) for m in node.args[10]]
+
+
+def largest_first(ctx: RuleContext, op: str) -> list[int]:
+    """The nodes of `op`, largest first output first (the rewrites that matter most)."""
+    nodes = [n for n in ctx.order if ctx.graph.node(n).op == op]
+    return sorted(nodes, key=lambda n: -max(m.nbytes for m in ctx.graph.node(n).outputs))
