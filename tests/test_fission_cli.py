@@ -13,7 +13,7 @@ from magis.commands.analyze import fission_tree
 from magis.commands.run import run
 from magis.cost import get_cost_model
 from magis.errors import MagisError
-from magis.rules.fission import materialize
+from magis.rules import materialize
 from magis.sim import simulate
 
 
