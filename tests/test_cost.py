@@ -186,7 +186,7 @@ def test_unknown_hardware_is_a_one_line_error():
     with pytest.raises(UnknownHardwareError) as info:
         get_cost_model("tpu")
     message = str(info.value)
-    assert message == "unknown hardware 'tpu'; choose one of rtx3090, a100, h100, cpu, unit"
+    assert message == "unknown hardware 'tpu'; choose one of rtx3090, a100, h100, cpu, cuda, unit"
 
 
 # --- profiled --------------------------------------------------------------------------------
