@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import magis
-from magis.capture import Step
+from magis.capture import Step, training_step
 
 SEQUENCE_BLOCKS = (
     "attention",
@@ -397,5 +396,5 @@ def random_step(seed: int, index: int = 0) -> tuple[ModelSpec, Step]:
     """The `index`-th random model of `seed`, captured as a training step."""
     spec = random_spec(random.Random(f"model {seed} {index}"), index)
     model, inputs = build_model(spec, seed * 1_000_003 + index)
-    step = magis.training_step(model, inputs, loss_fn=_loss(spec), optimizer=spec.optimizer)
+    step = training_step(model, inputs, loss_fn=_loss(spec), optimizer=spec.optimizer)
     return spec, step
