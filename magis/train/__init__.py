@@ -1,0 +1,17 @@
+"""Training with magis: `magis.compile(model, optimizer, batch, ...)` returns a `TrainStep` that
+runs a plan's generated program as the user's training step (issue #15)."""
+
+from magis.train.compile import CompileError, check_plan_fits, compile
+from magis.train.optimizers import SUPPORTED, GraphOptimizer, OptimizerError
+from magis.train.step import BatchError, TrainStep
+
+__all__ = [
+    "SUPPORTED",
+    "BatchError",
+    "CompileError",
+    "GraphOptimizer",
+    "OptimizerError",
+    "TrainStep",
+    "check_plan_fits",
+    "compile",
+]

@@ -1,0 +1,236 @@
+"""`magis.compile`: a user's model, optimizer and loss in, a trainable step running a plan out.
+
+The user's training loop keeps its shape (issue #15)::
+
+    train_step = magis.compile(model, optimizer, (x, y), loss_fn=loss_fn, mem_limit=0.5)
+    for x, y in data:
+        loss = train_step(x, y)     # forward, backward, clipping, optimizer step: the plan
+        scheduler.step()
+
+What is decided here, and why:
+
+- The step is captured once with fake tensors (`magis.capture.trace.capture_training`): the
+  user's `loss_fn(model, *batch, **kwargs)`, its gradients for the optimizer's parameters, the
+  optional clipping and the optimizer's update (`magis.train.optimizers`), with every
+  hyperparameter a 0-dim input.
+- Exactly one of `mem_limit` / `lat_limit` runs the search (MAGIS §6.2, `magis.optimize`);
+  `plan=` (a path or a `Plan`) skips it, after checking that the plan's inputs are this step's
+  (names, kinds, shapes, dtypes: the optimizer's structure and clipping are in the names).
+  Neither a limit nor a plan is an error: there is no silent default limit.
+- One batch shape: a batch of other shapes, dtypes or device is a one-line error, never a
+  re-capture (no dynamic re-planning; compile once per shape).
+- Mixed precision: called inside `torch.autocast(...)`, the forward and the loss are traced
+  under the same autocast (the casts become ops of the graph); the backward and the update are
+  not, as in an eager loop that wraps only the forward in autocast. An autocast inside `loss_fn`
+  is traced as well.
+- The hardware the search costs plans on defaults to the model's device, profiled ("cpu" or
+  "cuda", `magis.cost.get_cost_model`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from magis.capture.trace import Step, capture_training, loss_of
+from magis.errors import MagisError, PlanError
+from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
+from magis.train.step import BatchError, BatchSpec, TrainStep
+
+if TYPE_CHECKING:
+    from magis.cost import CostModel
+    from magis.plan import Plan
+
+
+class CompileError(MagisError):
+    """Arguments of magis.compile that do not make a training step."""
+
+
+def compile(  # noqa: A001 - the name users asked for: magis.compile
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_batch: tuple | torch.Tensor,
+    *,
+    example_kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    mem_limit: str | float | None = None,
+    lat_limit: str | float | None = None,
+    time_budget: float = 60.0,
+    hardware: str | CostModel | None = None,
+    plan: str | Path | Plan | None = None,
+    clip_grad_norm: float | None = None,
+    measure: bool = False,
+) -> TrainStep:
+    """A `TrainStep` training `model` with `optimizer`: `loss = train_step(*batch, **kwargs)`.
+
+    `loss_fn(model, *batch, **kwargs)` returns the loss; without it `model(*batch, **kwargs)`
+    is the loss or has `.loss`. `example_batch` (and `example_kwargs`) fix the shapes every call
+    must have. `mem_limit` (a ratio of the unoptimized peak, or a size such as "12GiB") or
+    `lat_limit` (a ratio, or a time) picks the search's objective, `time_budget` its seconds,
+    `hardware` its cost model; `plan=` reuses a saved plan instead. `clip_grad_norm` clips the
+    gradients' global norm first (torch.nn.utils.clip_grad_norm_). `measure` records each
+    call's measured peak in `train_step.last_peak_bytes`.
+    """
+    _check_limits(mem_limit, lat_limit, plan)
+    _check_model_and_optimizer(model, optimizer)
+    args = example_batch if isinstance(example_batch, tuple) else (example_batch,)
+    kwargs = dict(example_kwargs or {})
+    trainable = _trainable(model, optimizer)
+    device = _device_of(model)
+    batch = BatchSpec.of(args, kwargs)
+    data = batch.tensors(args, kwargs)
+    for name, t in zip(batch.tensor_names, data, strict=True):
+        if t.device != device:
+            raise BatchError(f"{name} is on {t.device} and the model on {device}: move one")
+    graph_opt = GraphOptimizer.of(optimizer, [p for _, p in trainable])
+    rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt)
+    names = [n for n, _ in trainable]
+    step = _capture(model, optimizer, batch, data, loss_fn, rule, names, device)
+    chosen = _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device)
+    return TrainStep(
+        model,
+        optimizer,
+        step,
+        chosen,
+        rule,
+        batch,
+        names,
+        clip_grad_norm=clip_grad_norm,
+        measure=measure,
+    )
+
+
+def _check_limits(mem_limit, lat_limit, plan) -> None:
+    if plan is not None:
+        if mem_limit is not None or lat_limit is not None:
+            raise CompileError("plan= reuses a saved plan: give no mem_limit or lat_limit with it")
+        return
+    if (mem_limit is None) == (lat_limit is None):
+        raise CompileError(
+            "give exactly one of mem_limit (e.g. 0.5 or '12GiB') and lat_limit (e.g. 1.10), "
+            "or plan= a saved plan"
+        )
+
+
+def _check_model_and_optimizer(model, optimizer) -> None:
+    if not isinstance(model, nn.Module):
+        raise CompileError(f"magis.compile takes an nn.Module, not {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise OptimizerError(
+            f"magis.compile takes a torch.optim optimizer, not {type(optimizer).__name__}"
+        )
+
+
+def _trainable(model: nn.Module, optimizer) -> list[tuple[str, nn.Parameter]]:
+    """The optimizer's parameters that take gradients, named, in the model's order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    strangers = [p for p in held if id(p) not in names]
+    if strangers:
+        raise OptimizerError(
+            f"the optimizer holds {len(strangers)} tensor(s) that are not parameters of the "
+            "model (named_parameters): build it from model.parameters()"
+        )
+    chosen = {id(p) for p in held if p.requires_grad}
+    return [(n, p) for n, p in model.named_parameters() if id(p) in chosen]
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    devices = {t.device for t in [*model.parameters(), *model.buffers()]}
+    if len(devices) > 1:
+        raise CompileError(
+            f"the model's tensors are on {sorted(map(str, devices))}: magis.compile runs a "
+            "step on one device"
+        )
+    return devices.pop() if devices else torch.device("cpu")
+
+
+def _autocast_of(device: torch.device) -> torch.dtype | None:
+    """The dtype of the autocast the caller is inside, for the model's device type, if any."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+def _capture(model, optimizer, batch: BatchSpec, data, loss_fn, rule, trainable, device) -> Step:
+    cast = _autocast_of(device)
+
+    def loss(m: nn.Module, *tensors: torch.Tensor) -> torch.Tensor:
+        a, kw = batch.rebuild(tensors)
+        ctx = torch.autocast(device.type, dtype=cast) if cast else contextlib.nullcontext()
+        with ctx:
+            return loss_fn(m, *a, **kw) if loss_fn is not None else loss_of(m(*a, **kw))
+
+    tag = f".autocast-{device.type}-{str(cast).removeprefix('torch.')}" if cast else ""
+    scalars = [torch.tensor(v, dtype=torch.float64) for v in _first_values(rule, optimizer)]
+    # Outside the caller's autocast: backward and update are not autocast (see the docstring).
+    with torch.autocast(device.type, enabled=False):
+        return capture_training(
+            model,
+            loss,
+            data,
+            rule,
+            trainable=trainable,
+            scalars=scalars,
+            data_names=[n + tag for n in batch.tensor_names],
+        )
+
+
+def _first_values(rule, optimizer) -> list[float]:
+    """The hyperparameters' values at a first step (examples for the capture; nothing in the
+    optimizer's state is created)."""
+    inner = rule.inner if isinstance(rule, ClipGradNorm) else rule
+    values = inner.first_step_values(optimizer)
+    return [1.0, *values] if isinstance(rule, ClipGradNorm) else values
+
+
+def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -> Plan:
+    import magis
+
+    if plan is not None:
+        chosen = plan if isinstance(plan, magis.Plan) else magis.Plan.load(plan)
+        check_plan_fits(chosen, step)
+        return chosen
+    return magis.optimize(
+        step,
+        mem_limit=mem_limit,
+        lat_limit=lat_limit,
+        time_budget=time_budget,
+        hardware=hardware if hardware is not None else device.type,
+    )
+
+
+def check_plan_fits(plan: Plan, step: Step) -> None:
+    """A plan runs a step only if their inputs are the same: names, kinds, shapes and dtypes
+    (the names carry the optimizer's structure, clipping and autocast)."""
+    mine, theirs = _signature(plan.graph), _signature(step.graph)
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+        if a != b:
+            raise PlanError(
+                f"the plan was made for another model, optimizer or batch: its input {i} is "
+                f"{_describe(a)}, this step's is {_describe(b)}"
+            )
+    if len(mine) != len(theirs):
+        raise PlanError(
+            f"the plan takes {len(mine)} inputs and this step {len(theirs)}: it was made for "
+            "another model, optimizer or batch"
+        )
+
+
+def _signature(graph) -> list[tuple]:
+    rows = []
+    for nid in graph.placeholders():
+        node = graph.node(nid)
+        meta = node.outputs[0]
+        rows.append((node.name, node.placeholder_kind.value, tuple(meta.shape), meta.dtype))
+    return rows
+
+
+def _describe(row: tuple) -> str:
+    name, kind, shape, dtype = row
+    return f"{name} ({kind}, {dtype}[{', '.join(map(str, shape))}])"

@@ -1,0 +1,98 @@
+"""Eager reference loops and comparisons for the magis.compile tests."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+
+import torch
+
+from magis.backend.executor import relative_error
+
+TOL = 1e-9
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Tiny steps are a few milliseconds on one thread; on a shared two-core machine a second
+    intra-op thread that is descheduled turns each matmul's barrier into a wait (seconds)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def fresh_batch(example: tuple, gen: torch.Generator) -> tuple:
+    """A new batch shaped like `example`: floats N(0, 1), integers below the example's max + 1."""
+    out = []
+    for x in example:
+        if x.is_floating_point():
+            out.append(torch.randn(x.shape, generator=gen, dtype=x.dtype))
+        else:
+            high = int(x.max()) + 1
+            out.append(torch.randint(0, high, x.shape, generator=gen, dtype=x.dtype))
+    return tuple(out)
+
+
+def eager_step(model, optimizer, loss_fn, batch, clip: float | None) -> torch.Tensor:
+    """One step as a PyTorch training loop writes it."""
+    optimizer.zero_grad()
+    loss = loss_fn(model, *batch)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return loss.detach()
+
+
+def worst_difference(model_a, opt_a, model_b, opt_b) -> tuple[float, str]:
+    """The largest relative error over parameters, buffers and optimizer state, and where."""
+    worst, where = 0.0, ""
+    pairs = [
+        (f"model.{k}", a, b)
+        for (k, a), b in zip(
+            model_a.state_dict().items(), model_b.state_dict().values(), strict=True
+        )
+    ]
+    sa, sb = opt_a.state_dict(), opt_b.state_dict()
+    assert sa["state"].keys() == sb["state"].keys()
+    for i in sb["state"]:
+        assert sa["state"][i].keys() == sb["state"][i].keys(), i
+        pairs += [(f"state[{i}].{k}", sa["state"][i][k], v) for k, v in sb["state"][i].items()]
+    for name, a, b in pairs:
+        err = relative_error(a, b)
+        if err > worst or not where:
+            worst, where = err, name
+    return worst, where
+
+
+def train_both(
+    model,
+    make_opt: Callable,
+    loss_fn,
+    example: tuple,
+    compile_step: Callable,
+    steps: int = 20,
+    clip: float | None = 1.0,
+    make_sched: Callable | None = None,
+    seed: int = 1,
+):
+    """Train a copy of `model` eagerly and `model` through `compile_step(model, opt)` on the
+    same batches; returns (worst loss error, worst state error and where, compiled step)."""
+    eager = copy.deepcopy(model)
+    opt, eopt = make_opt(model), make_opt(eager)
+    scheds = [make_sched(o) for o in (opt, eopt)] if make_sched else []
+    step = compile_step(model, opt)
+    gen = torch.Generator().manual_seed(seed)
+    loss_err = 0.0
+    for _ in range(steps):
+        batch = fresh_batch(example, gen)
+        loss = step(*batch)
+        ref = eager_step(eager, eopt, loss_fn, batch, clip)
+        for s in scheds:
+            s.step()
+        loss_err = max(loss_err, relative_error(loss, ref))
+    return loss_err, worst_difference(model, opt, eager, eopt), step
