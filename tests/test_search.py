@@ -8,7 +8,7 @@ import torch
 from magis.backend import compile_program, measure, verify
 from magis.capture import workload_step
 from magis.cost import get_cost_model
-from magis.search import Mode, Objective, optimize_graph
+from magis.search import Mode, Objective, SearchOptions, optimize_graph
 from magis.sim import simulate
 
 WORKLOADS = ["resnet50", "bert-base", "vit-base", "unet", "unetpp", "gpt-neo-1.3b", "btlm-3b"]
@@ -19,7 +19,9 @@ def test_latency_limited_search_saves_memory_and_its_plan_verifies():
     cost = get_cost_model("rtx3090")
     base = simulate(step.graph, step.graph.program_order(), cost)
     objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
-    result = optimize_graph(step.graph, cost, objective, time_budget=60, max_states=40)
+    result = optimize_graph(
+        step.graph, cost, objective, SearchOptions(time_budget=60, max_states=40)
+    )
     best = result.best
     assert result.stats.states_explored > 0
     assert best.memory < base.peak_bytes and result.satisfied
@@ -97,7 +99,9 @@ def test_fission_moves_alone_find_a_plan_that_verifies():
     cost = get_cost_model("rtx3090")
     base = simulate(step.graph, step.graph.program_order(), cost)
     objective = Objective(Mode.LATENCY_LIMIT, 2.0 * base.latency_s)
-    result = optimize_graph(step.graph, cost, objective, time_budget=60, rules=(), max_states=12)
+    result = optimize_graph(
+        step.graph, cost, objective, SearchOptions(time_budget=60, rules=(), max_states=12)
+    )
     assert any(h.startswith("fission:") for h in result.best.history), result.stats.rules_applied
     best = result.best
     program = compile_program(best.graph, list(best.order))
@@ -156,7 +160,10 @@ def test_plans_from_several_seeds_verify_on_every_tiny_workload(workload):
     # (and their duals) make the plan.
     for seed, fission, states in ((0, True, 12), (1, False, 30), (2, False, 30)):
         best = optimize_graph(
-            step.graph, cost, objective, 30, max_states=states, seed=seed, fission=fission
+            step.graph,
+            cost,
+            objective,
+            SearchOptions(time_budget=30, max_states=states, seed=seed, fission=fission),
         ).best
         program = compile_program(best.graph, list(best.order))
         check = verify(step, program, inputs)

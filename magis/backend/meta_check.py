@@ -26,7 +26,7 @@ format), which is what the runtime's host pool does on a CPU (`HostPool.store`/`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -76,6 +76,7 @@ class MetaReport:
 
     checked: int
     mismatches: tuple[MetaMismatch, ...] = field(default=())
+    restrided: frozenset[int] = frozenset()  # nodes `MetaChecker.derive` gave other strides
 
     @property
     def ok(self) -> bool:
@@ -117,6 +118,7 @@ class MetaChecker:
 
     def __init__(self) -> None:
         self._mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self._memo: dict[tuple, tuple[TensorMeta | None, ...] | str] = {}
 
     def check_graph(self, graph: Graph) -> MetaReport:
         """Every op of `graph`."""
@@ -127,11 +129,10 @@ class MetaChecker:
         recorded metas, in topological order."""
         wanted = {n for n in nodes if n in graph and not graph.node(n).is_placeholder}
         order = [n for n in graph.topological_order() if n in wanted]
-        fakes = {r: self._fake(graph.meta(r)) for n in order for r in graph.node(n).inputs}
+        fakes: dict[Ref, torch.Tensor] = {}
         mismatches: list[MetaMismatch] = []
-        with self._mode:
-            for nid in order:
-                mismatches.extend(self._check_node(graph, nid, fakes))
+        for nid in order:
+            mismatches.extend(self._check_node(graph, nid, fakes))
         return MetaReport(len(order), tuple(mismatches))
 
     def _fake(self, meta: TensorMeta) -> torch.Tensor:
@@ -153,28 +154,110 @@ class MetaChecker:
             return tuple(self._materialize(graph, v, fakes) for v in value)
         return value
 
+    def _outputs(self, graph: Graph, node, fakes: dict[Ref, torch.Tensor]):
+        """The metas `node`'s op makes from its inputs' recorded metas (None where it makes no
+        tensor), or the op's error in one line. Memoized by op and argument signature: the
+        parts of a split node, and a node read again after a rewrite elsewhere, repeat it."""
+        key = (node.op, _signature(graph, node.args), _signature(graph, node.kwargs))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._run(graph, node, fakes)
+            self._memo[key] = found
+        return found
+
+    def _run(self, graph: Graph, node, fakes: dict[Ref, torch.Tensor]):
+        overload = check_op(node.op, f"node {node.id}.op") or torch.ops.aten.clone.default
+        for ref in node.inputs:
+            if ref not in fakes:
+                fakes[ref] = self._fake(graph.meta(ref))
+        try:
+            with self._mode:
+                args = self._materialize(graph, node.args, fakes)
+                kwargs = {k: self._materialize(graph, v, fakes) for k, v in node.kwargs}
+                result = overload(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure of the op is the finding
+            return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        results = list(result) if isinstance(result, list | tuple) else [result]
+        return tuple(TensorMeta.of(r) if isinstance(r, torch.Tensor) else None for r in results)
+
     def _check_node(
         self, graph: Graph, nid: int, fakes: dict[Ref, torch.Tensor]
     ) -> list[MetaMismatch]:
         node = graph.node(nid)
-        overload = check_op(node.op, f"node {nid}.op") or torch.ops.aten.clone.default
-        try:
-            args = self._materialize(graph, node.args, fakes)
-            kwargs = {k: self._materialize(graph, v, fakes) for k, v in node.kwargs}
-            result = overload(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any failure of the op is the finding
-            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            return [MetaMismatch(nid, node.name, node.op, None, None, None, error)]
-        results = list(result) if isinstance(result, list | tuple) else [result]
+        got = self._outputs(graph, node, fakes)
+        if isinstance(got, str):
+            return [MetaMismatch(nid, node.name, node.op, None, None, None, got)]
         found = []
         for i, expected in enumerate(node.outputs):
-            got = results[i] if i < len(results) else None
-            if got is None and expected.numel == 0:
+            got_meta = got[i] if i < len(got) else None
+            if got_meta is None and expected.numel == 0:
                 continue  # an output the op does not make (a masked-out gradient)
-            got_meta = TensorMeta.of(got) if isinstance(got, torch.Tensor) else None
             if got_meta is None or not same_meta(expected, got_meta):
                 found.append(MetaMismatch(nid, node.name, node.op, i, expected, got_meta))
         return found
+
+    def derive(self, graph: Graph, touched: Iterable[int]) -> MetaReport:
+        """Re-derive, on fake tensors, the strides of the nodes a rewrite touched and of their
+        readers, and record them in `graph` (`Graph.restride`), following the readers on while
+        their strides change: a rule states its outputs' shapes and dtypes, and their strides
+        are what the ops really return. What cannot be derived is a mismatch, and the rewrite
+        is not applicable: an op that fails on the new strides (a `view` that relied on the old
+        ones), an output of another shape or dtype, or an op that reads its input's strides
+        (`as_strided`) after they changed."""
+        pending = nodes_to_check(graph, touched)
+        restrided: set[int] = set()
+        fakes: dict[Ref, torch.Tensor] = {}
+        mismatches: list[MetaMismatch] = []
+        checked = 0
+        for nid in graph.topological_order():
+            node = graph.node(nid)
+            if nid not in pending or node.is_placeholder:
+                continue
+            checked += 1
+            if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
+                error = "reads the strides of an input whose strides the rewrite changed"
+                mismatches.append(MetaMismatch(nid, node.name, node.op, None, None, None, error))
+                continue
+            outputs = self._derived_outputs(graph, nid, fakes, mismatches)
+            if outputs is None:
+                continue
+            graph.restride(nid, outputs)
+            restrided.add(nid)
+            for i in range(len(outputs)):
+                fakes.pop(Ref(nid, i), None)
+            pending.update(graph.users(nid))
+        return MetaReport(checked, tuple(mismatches), frozenset(restrided))
+
+    def _derived_outputs(
+        self, graph: Graph, nid: int, fakes, mismatches: list[MetaMismatch]
+    ) -> tuple[TensorMeta, ...] | None:
+        """The node's outputs with the strides its op returns; None when they are the recorded
+        ones or cannot be derived (then the mismatch is appended)."""
+        found = self._check_node(graph, nid, fakes)
+        if not found:
+            return None
+        outputs = list(graph.node(nid).outputs)
+        for m in found:
+            if m.got is None or (m.got.shape, m.got.dtype) != (m.expected.shape, m.expected.dtype):
+                mismatches.append(m)
+                return None
+            outputs[m.output] = replace(m.expected, strides=m.got.strides)
+        return tuple(outputs)
+
+
+def _signature(graph: Graph, value):
+    """A hashable stand-in for an argument: every Ref its meta, lists as tuples."""
+    if isinstance(value, Ref):
+        return graph.meta(value)
+    if isinstance(value, list | tuple):
+        return tuple(_signature(graph, v) for v in value)
+    if isinstance(value, torch.device):
+        return "device"
+    return type(value).__name__, value  # 1, 1.0 and True are equal keys, not equal arguments
+
+
+# Ops whose result depends on their input's strides, not only on its values.
+_STRIDE_READERS = frozenset({"aten.as_strided.default", "aten.as_strided_scatter.default"})
 
 
 def check_graph(graph: Graph, checker: MetaChecker | None = None) -> MetaReport:

@@ -184,6 +184,19 @@ class Graph:
             self._dag.add_edge(a, b, "control")
         self._invalidate()
 
+    def restride(self, nid: int, outputs: tuple[TensorMeta, ...]) -> None:
+        """Record other strides for a node's outputs (same shapes and dtypes): what its op
+        really returns, derived on fake tensors after a rewrite (`backend.meta_check`)."""
+        node = self._nodes[nid]
+        same = len(outputs) == len(node.outputs) and all(
+            (a.shape, a.dtype) == (b.shape, b.dtype)
+            for a, b in zip(outputs, node.outputs, strict=True)
+        )
+        if not same:
+            raise GraphError(f"restride of {node.name} changes its outputs' shapes or dtypes")
+        self._nodes[nid] = replace(node, outputs=tuple(outputs))
+        self._invalidate()
+
     def set_outputs(self, refs: Iterable[Ref]) -> None:
         refs = tuple(refs)
         for ref in refs:

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from magis.backend.meta_check import MetaChecker, MetaReport
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph, derive_storages
@@ -48,9 +49,18 @@ def simulate_state(
 class SearchStats:
     states_explored: int = 0
     duplicates: int = 0
+    # Children whose ops, run on fake tensors, do not make the shapes, dtypes and strides the
+    # graph records (the meta check): dropped, never kept or returned.
+    meta_rejected: int = 0
     rules_applied: Counter = field(default_factory=Counter)
     breakdown: dict[str, float] = field(
-        default_factory=lambda: {"transform": 0.0, "schedule": 0.0, "simulate": 0.0, "hash": 0.0}
+        default_factory=lambda: {
+            "transform": 0.0,
+            "check": 0.0,
+            "schedule": 0.0,
+            "simulate": 0.0,
+            "hash": 0.0,
+        }
     )
 
 
@@ -61,6 +71,7 @@ class Evaluator:
     stats: SearchStats = field(default_factory=SearchStats)
     seen: set[int] = field(default_factory=set)  # hashes of every graph evaluated
     seen_trees: set = field(default_factory=set)  # F-Trees already materialized
+    checker: MetaChecker = field(default_factory=MetaChecker)
 
     def timed(self, part: str, fn: Callable, *args):
         start = time.perf_counter()
@@ -79,6 +90,16 @@ class Evaluator:
             return False
         self.seen.add(hash_value)
         return True
+
+    def derive_metas(self, graph: Graph, touched) -> MetaReport | None:
+        """Derive the strides of what a rewrite touched, and of their readers, on fake tensors
+        (`MetaChecker.derive`); None, counted, for a child whose ops cannot run on them or make
+        other shapes or dtypes than the graph records: it is dropped."""
+        report = self.timed("check", self.checker.derive, graph, touched)
+        if not report.ok:
+            self.stats.meta_rejected += 1
+            return None
+        return report
 
     def moves(self, state: MState, rules: Sequence[Rule], ctx: RuleContext) -> Iterator[Move]:
         """F-Tree mutations (while the lineage allows them), then every rule's rewrites taken
@@ -117,6 +138,9 @@ class Evaluator:
         except MagisError:
             return None
         mat = done.materialized
+        metas = self.derive_metas(done.graph, mat.touched)
+        if metas is None:
+            return None
         if mat.continued and lineage.materialized is not None:  # it continued state.graph
             h = self.timed(
                 "hash",
@@ -124,7 +148,7 @@ class Evaluator:
                 state.hash,
                 state.graph,
                 done.graph,
-                mat.touched,
+                mat.touched | metas.restrided,
                 mat.removed,
             )
         else:
@@ -149,6 +173,9 @@ class Evaluator:
         """Build a rule's rewrite, skip it when its graph was seen, else schedule and simulate
         it. Any rule other than an F-Tree mutation ends the lineage's fission moves."""
         result: Rewritten = self.timed("transform", rewrite.build)
+        metas = self.derive_metas(result.graph, result.touched)
+        if metas is None:
+            return None
         # Storage bookkeeping from the parent's, not rebuilt: rules, scheduler and simulator
         # read it.
         storages = self.timed(
@@ -157,7 +184,7 @@ class Evaluator:
             state.graph,
             result.graph,
             result.added,
-            result.changed,
+            result.changed | metas.restrided,
             result.removed,
         )
         result.graph.set_storages(storages)
@@ -167,7 +194,7 @@ class Evaluator:
             state.hash,
             state.graph,
             result.graph,
-            result.touched,
+            result.touched | metas.restrided,
             result.removed,
         )
         if not self.is_new(h.value):

@@ -8,21 +8,50 @@ allocates its gradient. A transformer's backward has this freedom already, becau
 layers' dgrad and wgrad are separate `mm`s. A CNN's backward gets it from this rule, at no extra
 work: a GPU library launches the two as separate kernels anyway. The dual merges such a pair
 back.
+
+Strides: eager's `convolution_backward` can return the input gradient channels-last (when the
+forward's input was a channels-last view, as tokens viewed as an image are), and later `view`s
+in the captured backward rely on it; a transposed convolution of a contiguous gradient returns
+NCHW. So when the recorded gradient is channels-last, the split puts it back in that layout
+(`clone(memory_format=channels_last)`, one copy) and its readers see what eager gave them; the
+dual folds that copy away again. A gradient in any other non-contiguous layout is not split.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from magis.ir import Graph, Ref
+import torch
+
+from magis.ir import Graph, Ref, TensorMeta
+from magis.ir.tensor import contiguous_strides
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
 from magis.rules.taso.common import (
     CONV_BACKWARD,
     CONVOLUTION,
     NOTHING,
+    contiguous,
     conv_backward_mask,
     largest_first,
 )
+
+CLONE = "aten.clone.default"
+_RELAYOUT = "_nhwc"  # name suffix of the copy that restores a channels-last input gradient
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    if len(shape) != 4:
+        return None
+    n, c, h, w = shape
+    return h * w * c, 1, w * c, c
+
+
+def _needs_relayout(meta: TensorMeta) -> bool | None:
+    """Whether eager's input gradient is channels-last (then the split restores it); None
+    when it is neither that nor contiguous (then the rule does not apply)."""
+    if meta.strides == contiguous_strides(meta.shape) or meta.numel == 0:
+        return False
+    return True if meta.strides == _channels_last_strides(meta.shape) else None
 
 
 def _dgrad_output_padding(graph: Graph, nid: int) -> list[int] | None:
@@ -49,6 +78,7 @@ def _splittable_conv_backward(graph: Graph, nid: int) -> bool:
         and mask[0]
         and (mask[1] or mask[2])
         and _dgrad_output_padding(graph, nid) is not None
+        and _needs_relayout(graph.node(nid).outputs[0]) is not None
     )
 
 
@@ -74,14 +104,25 @@ def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
             f"{node.name}_dgrad",
             CONVOLUTION,
             (gy, w, None, stride, padding, dilation, True, _dgrad_output_padding(g, nid), groups),
-            outputs=(out[0],),
+            outputs=(contiguous(out[0]),),
         )
-        changed.update(g.replace_uses(Ref(nid, 0), Ref(dgrad, 0)))
+        news = [wgrad, dgrad]  # wgrad first: the saved input dies before dgrad allocates
+        if _needs_relayout(out[0]):
+            news.append(
+                g.add_op(
+                    f"{node.name}_dgrad{_RELAYOUT}",
+                    CLONE,
+                    (Ref(dgrad, 0),),
+                    {"memory_format": torch.channels_last},
+                    outputs=(out[0],),
+                )
+            )
+        changed.update(g.replace_uses(Ref(nid, 0), Ref(news[-1], 0)))
         for i in (1, 2):
             changed.update(g.replace_uses(Ref(nid, i), Ref(wgrad, i)))
         g.remove_node(nid)
-        added |= {dgrad, wgrad}
-        places.append(((nid,), (wgrad, dgrad)))  # wgrad first: the saved input dies before
+        added.update(news)
+        places.append(((nid,), tuple(news)))
     removed = frozenset(nids)
     return Rewritten(
         g,
@@ -132,13 +173,18 @@ def merge_conv_backward(graph: Graph, pairs: Iterable[tuple[int, int]]) -> Rewri
             (*w.args[:10], [True, bool(mask[1]), bool(mask[2])]),
             outputs=(d.outputs[0], w.outputs[1], w.outputs[2]),
         )
-        changed.update(g.replace_uses(Ref(dgrad, 0), Ref(merged, 0)))
+        relayout = _relayout_of(g, dgrad)
+        grad_in = dgrad if relayout is None else relayout
+        if relayout is not None:  # the merged backward makes eager's layout itself
+            g.restride(merged, (g.node(relayout).outputs[0], *g.node(merged).outputs[1:]))
+        changed.update(g.replace_uses(Ref(grad_in, 0), Ref(merged, 0)))
         for i in (1, 2):
             changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
-        g.remove_node(dgrad)
-        g.remove_node(wgrad)
+        olds = (dgrad, wgrad) if relayout is None else (dgrad, wgrad, relayout)
+        for old in olds[::-1]:
+            g.remove_node(old)
         added.add(merged)
-        places.append(((dgrad, wgrad), (merged,)))
+        places.append((olds, (merged,)))
     removed = frozenset(n for olds, _ in places for n in olds)
     return Rewritten(
         g,
@@ -147,6 +193,16 @@ def merge_conv_backward(graph: Graph, pairs: Iterable[tuple[int, int]]) -> Rewri
         removed,
         in_place_of=tuple(places),
     )
+
+
+def _relayout_of(graph: Graph, dgrad: int) -> int | None:
+    """The channels-last copy `split_conv_backward` put after `dgrad`, if it did."""
+    users = graph.users(dgrad)
+    if len(users) == 1:
+        user = graph.node(users[0])
+        if user.op == CLONE and user.name.endswith(_RELAYOUT):
+            return user.id
+    return None
 
 
 def splittable_conv_backwards(ctx: RuleContext) -> list[list[int]]:
