@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from magis.backend import compile_program, generate
+from magis.backend.meta_check import check_graph
 from magis.capture import Step
 from magis.errors import PlanError
 from magis.ir import Graph
@@ -235,7 +236,20 @@ class Plan:
         order = list(data["order"])
         if not graph.is_valid_schedule(order):
             raise PlanError("the plan's schedule is not a valid order of its graph")
+        check_plan_graph(graph)
         return Plan(graph, order, summary)
+
+
+def check_plan_graph(graph: Graph) -> None:
+    """The meta check every plan passes before it is returned, loaded or run: each op, run on
+    fake tensors from its inputs' recorded shapes, dtypes and strides, makes what the graph
+    records (a PlanError naming the first node that does not)."""
+    report = check_graph(graph)
+    if not report.ok:
+        raise PlanError(
+            f"the plan does not hold together: {report.mismatches[0]} "
+            f"({len(report.mismatches)} mismatches); re-run magis optimize"
+        )
 
 
 def _device_of(inputs) -> torch.device:

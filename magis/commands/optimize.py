@@ -25,7 +25,7 @@ from magis.commands.limits import (
 from magis.commands.shared import Progress, cost_model, prepare_cost, silent
 from magis.cost import CostModel
 from magis.errors import MagisError
-from magis.plan import Plan, PlanSummary
+from magis.plan import Plan, PlanSummary, check_plan_graph
 from magis.search import (
     Improvement,
     MemoryFigure,
@@ -130,6 +130,7 @@ def find_plan(
 
 
 def plan_from_search(result: SearchResult, setup: SearchSetup, wall_seconds: float) -> Plan:
+    check_plan_graph(result.best.graph)  # no plan leaves the search without its meta check
     best, base = result.best, setup.base
     memory_mode = result.objective.mode is Mode.MEMORY_LIMIT
     summary = PlanSummary(
