@@ -200,7 +200,7 @@ def test_batch_as_keyword_arguments_and_the_models_own_loss(float64):
         ref = eager_step(
             eager, eopt, lambda m, i, t: m(input_ids=i, labels=t).loss, (ids, labels), None
         )
-        assert loss.item() == pytest.approx(ref.item(), rel=TOL)
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-6)  # the LM head: float32 loss
     err, where = worst_difference(case.model, opt, eager, eopt)
     assert err <= TOL, where
 
