@@ -209,23 +209,32 @@ class MetaChecker:
         fakes: dict[Ref, torch.Tensor] = {}
         mismatches: list[MetaMismatch] = []
         checked = 0
-        for nid in graph.topological_order():
-            node = graph.node(nid)
-            if nid not in pending or node.is_placeholder:
-                continue
-            checked += 1
-            if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
-                error = "reads the strides of an input whose strides the rewrite changed"
-                mismatches.append(MetaMismatch(nid, node.name, node.op, None, None, None, error))
-                continue
-            outputs = self._derived_outputs(graph, nid, fakes, mismatches)
-            if outputs is None:
-                continue
-            graph.restride(nid, outputs)
-            restrided.add(nid)
-            for i in range(len(outputs)):
-                fakes.pop(Ref(nid, i), None)
-            pending.update(graph.users(nid))
+        # In rounds, each in dependency order (no whole-graph topological sort per state): a
+        # node whose strides changed sends its readers to the next round.
+        while pending and not mismatches:
+            later: set[int] = set()
+            for nid in _dependency_order(graph, pending):
+                node = graph.node(nid)
+                if node.is_placeholder:
+                    continue
+                checked += 1
+                if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
+                    error = "reads the strides of an input whose strides the rewrite changed"
+                    mismatches.append(
+                        MetaMismatch(nid, node.name, node.op, None, None, None, error)
+                    )
+                    break
+                outputs = self._derived_outputs(graph, nid, fakes, mismatches)
+                if mismatches:
+                    break
+                if outputs is None:
+                    continue
+                graph.restride(nid, outputs)
+                restrided.add(nid)
+                for i in range(len(outputs)):
+                    fakes.pop(Ref(nid, i), None)
+                later.update(graph.users(nid))
+            pending = later
         return MetaReport(checked, tuple(mismatches), frozenset(restrided))
 
     def _derived_outputs(
@@ -243,6 +252,23 @@ class MetaChecker:
                 return None
             outputs[m.output] = replace(m.expected, strides=m.got.strides)
         return tuple(outputs)
+
+
+def _dependency_order(graph: Graph, nodes: set[int]) -> list[int]:
+    """`nodes` ordered so that each comes after those of them it depends on (Kahn's algorithm
+    on the sub-graph they induce)."""
+    waiting = {n: sum(p in nodes for p in graph.predecessors(n)) for n in nodes}
+    ready = sorted(n for n, k in waiting.items() if k == 0)
+    order = []
+    while ready:
+        n = ready.pop()
+        order.append(n)
+        for s in graph.successors(n):
+            if s in waiting:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    ready.append(s)
+    return order
 
 
 def _signature(graph: Graph, value):
