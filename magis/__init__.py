@@ -12,6 +12,16 @@ from magis.capture.trace import Step, training_step
 from magis.commands.optimize import optimize
 from magis.errors import MagisError
 from magis.plan import Plan
+from magis.train import TrainStep, compile
 
-__all__ = ["MagisError", "Plan", "Step", "capture", "optimize", "training_step"]
+__all__ = [
+    "MagisError",
+    "Plan",
+    "Step",
+    "TrainStep",
+    "capture",
+    "compile",
+    "optimize",
+    "training_step",
+]
 __version__ = "0.1.0"

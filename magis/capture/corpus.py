@@ -196,7 +196,6 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                     attn_pdrop=0.0,
                     bos_token_id=0,
                     eos_token_id=0,
-                    loss_type="ForCausalLM",
                 ),
                 token_batch,
                 lm_loss,

@@ -1,7 +1,13 @@
 """Training with magis: `magis.compile(model, optimizer, batch, ...)` returns a `TrainStep` that
 runs a plan's generated program as the user's training step (issue #15)."""
 
-from magis.train.compile import CompileError, check_plan_fits, compile
+from magis.train.compile import (
+    CompileError,
+    ProgramOrder,
+    check_plan_fits,
+    compile,
+    compile_program_order,
+)
 from magis.train.optimizers import SUPPORTED, GraphOptimizer, OptimizerError
 from magis.train.step import BatchError, TrainStep
 
@@ -11,7 +17,9 @@ __all__ = [
     "CompileError",
     "GraphOptimizer",
     "OptimizerError",
+    "ProgramOrder",
     "TrainStep",
     "check_plan_fits",
     "compile",
+    "compile_program_order",
 ]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from torch import nn
 
 from magis.capture.trace import Step, capture_training, loss_of
 from magis.errors import MagisError, PlanError
+from magis.ir import Graph
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
 from magis.train.step import BatchError, BatchSpec, TrainStep
 
@@ -77,6 +79,67 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     call's measured peak in `train_step.last_peak_bytes`.
     """
     _check_limits(mem_limit, lat_limit, plan)
+    prepared = _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad_norm)
+    chosen = _plan_for(
+        prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
+    )
+    return prepared.train_step(chosen, clip_grad_norm, measure)
+
+
+def compile_program_order(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_batch: tuple | torch.Tensor,
+    *,
+    example_kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    clip_grad_norm: float | None = None,
+    measure: bool = False,
+) -> TrainStep:
+    """`compile` without a search: the captured program order as its plan. The baseline of
+    `magis.bench.train` (what running a plan costs beside eager PyTorch); its plan cannot be
+    saved, and a user who wants no memory saving has eager PyTorch."""
+    prepared = _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad_norm)
+    graph = prepared.step.graph
+    return prepared.train_step(ProgramOrder(graph, graph.program_order()), clip_grad_norm, measure)
+
+
+@dataclass(frozen=True)
+class ProgramOrder:
+    """A captured graph in its program order, run as a plan is (`compile_program_order`)."""
+
+    graph: Graph
+    order: list[int]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A captured training step and what its TrainStep needs besides a plan."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Step
+    rule: GraphOptimizer | ClipGradNorm
+    batch: BatchSpec
+    trainable: list[str]
+    device: torch.device
+
+    def train_step(self, plan, clip_grad_norm: float | None, measure: bool) -> TrainStep:
+        return TrainStep(
+            self.model,
+            self.optimizer,
+            self.step,
+            plan,
+            self.rule,
+            self.batch,
+            self.trainable,
+            clip_grad_norm=clip_grad_norm,
+            measure=measure,
+        )
+
+
+def _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad_norm) -> _Prepared:
+    """Check the arguments and capture the step (everything but the plan)."""
     _check_model_and_optimizer(model, optimizer)
     args = example_batch if isinstance(example_batch, tuple) else (example_batch,)
     kwargs = dict(example_kwargs or {})
@@ -91,18 +154,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt)
     names = [n for n, _ in trainable]
     step = _capture(model, optimizer, batch, data, loss_fn, rule, names, device)
-    chosen = _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device)
-    return TrainStep(
-        model,
-        optimizer,
-        step,
-        chosen,
-        rule,
-        batch,
-        names,
-        clip_grad_norm=clip_grad_norm,
-        measure=measure,
-    )
+    return _Prepared(model, optimizer, step, rule, batch, names, device)
 
 
 def _check_limits(mem_limit, lat_limit, plan) -> None:
