@@ -6,11 +6,12 @@ import random
 
 import pytest
 
-from magis.bench.fuzz import make_subject, replay, run_fuzz
-from magis.bench.fuzz_chains import all_kinds, all_rules, draw_chain
+from magis.bench.fuzz import Fuzzer, FuzzReport, make_subject, replay, run_fuzz
+from magis.bench.fuzz_chains import ChainState, all_kinds, all_rules, draw_chain
 from magis.bench.fuzz_models import random_spec, random_step
+from magis.cost import get_cost_model
 from magis.ir import Ref, TensorMeta
-from magis.rules import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules import Rewrite, Rewritten, Rule, RuleContext, RuleKind, place_after_inputs
 from magis.search.hashing import wl_hash
 
 
@@ -79,19 +80,20 @@ def test_a_wrong_rule_is_caught_with_a_reproducer():
     assert [(m.chain, m.error) for m in again.mismatches] == [(first.chain, first.error)]
 
 
-def _recorded_transposed(graph, nid) -> Rewritten:
-    """A copy of a matrix read by its users, recorded with transposed strides: it computes the
-    right values, but its metadata is wrong (a rule that misstates its outputs' strides)."""
+def _recorded_transposed(graph, nid, strides_only: bool) -> Rewritten:
+    """A copy of a matrix read by its users, recorded with transposed strides (the values are
+    right, the metadata wrong) or with a transposed shape (it cannot be what the op makes)."""
     g = graph.copy()
     meta = g.meta(Ref(nid))
     rows, cols = meta.shape
-    wrong = TensorMeta(meta.shape, meta.dtype, meta.itemsize, (1, rows))
+    shape = meta.shape if strides_only else (cols, rows)
+    wrong = TensorMeta(shape, meta.dtype, meta.itemsize, (1, shape[0]))
     copy = g.add_op(f"{g.node(nid).name}_copy", "aten.clone.default", (Ref(nid),), None, (wrong,))
     changed = g.replace_uses(Ref(nid), Ref(copy), [u for u in g.users(nid) if u != copy])
     return Rewritten(g, frozenset({copy}), frozenset(changed))
 
 
-def _match_matrices(ctx: RuleContext):
+def _matrices(ctx: RuleContext):
     g = ctx.graph
     for nid in ctx.order:
         node = g.node(nid)
@@ -100,21 +102,50 @@ def _match_matrices(ctx: RuleContext):
         shape = node.outputs[0].shape
         if g.info(nid).is_view or len(shape) != 2 or min(shape) < 2 or not g.users(nid):
             continue
-        yield Rewrite(
-            "misstated_strides", RuleKind.TASO, node.name, lambda n=nid: _recorded_transposed(g, n)
-        )
+        if shape[0] != shape[1]:
+            yield nid
 
 
-MISSTATED = Rule("misstated_strides", RuleKind.TASO, _match_matrices)
+def _misstating(name: str, strides_only: bool) -> Rule:
+    def match(ctx: RuleContext):
+        g = ctx.graph
+        for nid in _matrices(ctx):
+            build = lambda n=nid: _recorded_transposed(g, n, strides_only)  # noqa: E731
+            yield Rewrite(name, RuleKind.TASO, g.node(nid).name, build)
+
+    return Rule(name, RuleKind.TASO, match)
 
 
-def test_a_rule_that_misstates_strides_is_caught_by_the_meta_check():
-    report = run_fuzz(20, seed=0, rules=[MISSTATED])
-    assert report.rules_covered["misstated_strides"] > 0
-    assert not report.mismatches  # the values are right
-    assert report.meta_mismatches
-    assert "strides" in report.meta_mismatches[0].error
-    assert report.to_json()["meta_mismatches"][0]["reproducer"].startswith("magis.bench.fuzz")
+def test_strides_are_derived_and_a_wrong_shape_is_dropped_as_the_search_drops_it():
+    """Strides a rule misstates are derived on fake tensors (as in the search): the result
+    runs right and passes the meta check. A shape it misstates cannot be derived: the rewrite
+    is dropped and counted, never run."""
+    strides = run_fuzz(20, seed=0, rules=[_misstating("misstated_strides", True)])
+    assert strides.rules_covered["misstated_strides"] > 0
+    assert not strides.mismatches and not strides.meta_mismatches
+    shape = run_fuzz(20, seed=0, rules=[_misstating("misstated_shape", False)])
+    assert shape.meta_rejected["misstated_shape"] > 0
+    assert "misstated_shape" not in shape.rules_covered
+    assert not shape.mismatches and not shape.meta_mismatches
+
+
+def test_the_final_meta_check_reports_metas_that_differ_with_a_reproducer():
+    """What reaches the end of a chain is checked again: recorded strides that are wrong are
+    reported apart from the value mismatches, with the case's reproducer."""
+    subject = make_subject(0, 0)
+    graph = subject.step.graph.copy()
+    ctx = RuleContext(graph, tuple(graph.program_order()), None)
+    nid = next(iter(_matrices(ctx)))
+    result = _recorded_transposed(graph, nid, strides_only=True)
+    order = place_after_inputs(result.graph, list(graph.program_order()), result.added)
+    state = ChainState(
+        result.graph, tuple(order), chain=("misstated: by hand",), touched=result.added
+    )
+    fuzzer = Fuzzer(0, (), get_cost_model("rtx3090"), FuzzReport(0))
+    fuzzer.check_metas(subject, 7, state)
+    (found,) = fuzzer.report.meta_mismatches
+    assert "strides" in found.error and found.case == 7
+    assert found.reproducer == "magis.bench.fuzz.replay(0, 0, 7)"
 
 
 def test_a_seed_reproduces_its_models_and_chains():

@@ -4,11 +4,12 @@ TASO verifies each graph substitution by running it on random inputs (Jia's thes
 rule that is wrong for some graph is found by drawing many graphs. Here a case is one random
 training step (`fuzz_models`: the op mix of real ones, float64) and one random chain of rule
 applications on it (`fuzz_chains`: every rule kind and its dual, F-Tree moves at n = 2, 3, 4,
-as MAGIS's search applies them). Each result is compiled, run on real inputs and compared with
-eager PyTorch — the loss, the outputs and every input the step updates in place — to the
-tolerance `verify` uses; and run through the meta check (fake tensors: every op must make the
-shapes, dtypes and strides the graph records), whose mismatches are counted apart. A mismatch
-carries its reproducer: `replay(seed, model, case)`.
+as MAGIS's search applies them, strides derived on fake tensors after each). Each result is
+compiled, run on real inputs and compared with eager PyTorch — the loss, the outputs and every
+input the step updates in place — to the tolerance `verify` uses; and run through the meta
+check (fake tensors: every op must make the shapes, dtypes and strides the graph records),
+whose mismatches are counted apart. A mismatch carries its reproducer:
+`replay(seed, model, case)`.
 
 Capture and the eager reference are the expensive parts, so each captured model serves
 CHAINS_PER_MODEL cases. A model whose *unmodified* program already differs from eager tests no
@@ -49,7 +50,7 @@ class Mismatch:
     model: int
     case: int  # -1: the model's unmodified program
     spec: str
-    chain: tuple[str, ...]  # "rule: what it did", in order
+    chain: tuple[str, ...]  # "rule: what it did [how it was placed]", in order
     error: str
     max_rel_err: float = math.inf
     worst: str = ""  # the output or updated input that differs most
@@ -83,6 +84,7 @@ class FuzzReport:
     rules_covered: Counter = field(default_factory=Counter)  # rule name -> times applied
     kinds_covered: Counter = field(default_factory=Counter)  # rule kind -> times applied
     placements: Counter = field(default_factory=Counter)  # how results were scheduled
+    meta_rejected: Counter = field(default_factory=Counter)  # rewrites dropped as the search does
     empty_chains: int = 0  # draws where no rule applied (not cases)
     seconds: float = 0.0
     breakdown: Counter = field(default_factory=Counter)  # seconds: capture, chains, run, meta
@@ -107,6 +109,7 @@ class FuzzReport:
             "kinds_covered": dict(sorted(self.kinds_covered.items())),
             "kinds_missing": self.kinds_missing,
             "placements": dict(sorted(self.placements.items())),
+            "meta_rejected": dict(sorted(self.meta_rejected.items())),
             "empty_chains": self.empty_chains,
             "seconds": self.seconds,
             "cases_per_second": self.cases_per_second,
@@ -141,7 +144,9 @@ def fuzz_inputs(step: Step, seed: int) -> list[torch.Tensor]:
     return inputs
 
 
-def make_subject(seed: int, index: int, cost: CostModel | None = None) -> Subject:
+def make_subject(
+    seed: int, index: int, cost: CostModel | None = None, checker: MetaChecker | None = None
+) -> Subject:
     """Model `index` of `seed`, captured, with its eager reference run (as `verify` runs it)."""
     spec, step = random_step(seed, index)
     inputs = fuzz_inputs(step, seed + index)
@@ -153,9 +158,8 @@ def make_subject(seed: int, index: int, cost: CostModel | None = None) -> Subjec
         *zip(step.input_names, ref_in, strict=True),
     ]
     cost = cost if cost is not None else get_cost_model("rtx3090")
-    return Subject(
-        index, spec.describe(), step, inputs, expected, seed + index, Start(step.graph, cost)
-    )
+    start = Start(step.graph, cost, checker if checker is not None else MetaChecker())
+    return Subject(index, spec.describe(), step, inputs, expected, seed + index, start)
 
 
 def compare(subject: Subject, graph: Graph, order: Sequence[int]) -> tuple[float, str]:
@@ -191,7 +195,7 @@ class Fuzzer:
     def subject(self, model: int) -> Subject | None:
         """Model `model`, or None when its unmodified program differs from eager already."""
         start = time.perf_counter()
-        subject = make_subject(self.seed, model, self.cost)
+        subject = make_subject(self.seed, model, self.cost, self.checker)
         self.report.models += 1
         failure = self.baseline_failure(subject)
         self.report.breakdown["capture"] += time.perf_counter() - start
@@ -230,6 +234,7 @@ class Fuzzer:
             return
         finally:
             report.breakdown["chains"] += time.perf_counter() - start
+        report.meta_rejected.update(state.meta_rejected)
         if not state.chain:
             report.empty_chains += 1
             return
@@ -238,7 +243,7 @@ class Fuzzer:
         report.kinds_covered.update(state.kinds)
         report.placements.update(state.placements)
         self._run(subject, case, state)
-        self._meta_check(subject, case, state)
+        self.check_metas(subject, case, state)
 
     def _run(self, subject: Subject, case: int, state: ChainState) -> None:
         start = time.perf_counter()
@@ -254,7 +259,7 @@ class Fuzzer:
             mismatch = self._mismatch(subject, case, state.chain, error, err, worst)
             self.report.mismatches.append(mismatch)
 
-    def _meta_check(self, subject: Subject, case: int, state: ChainState) -> None:
+    def check_metas(self, subject: Subject, case: int, state: ChainState) -> None:
         """The meta check on the nodes the chain touched (all of them after an F-Tree move)."""
         start = time.perf_counter()
         graph = state.graph
@@ -319,7 +324,7 @@ def replay(seed: int, model: int, case: int, rules: Sequence[Rule] | None = None
     rules = tuple(rules) if rules is not None else all_rules()
     fuzzer = Fuzzer(seed, rules, get_cost_model("rtx3090"), FuzzReport(seed, models=1))
     start = time.perf_counter()
-    subject = make_subject(seed, model, fuzzer.cost)
+    subject = make_subject(seed, model, fuzzer.cost, fuzzer.checker)
     if case < 0:
         failure = fuzzer.baseline_failure(subject)
         fuzzer.report.baseline_failures.extend([failure] if failure is not None else [])

@@ -13,6 +13,9 @@ starts from (Alg. 3's initial state) and applies 1..MAX_CHAIN rewrites, each one
   to rewrite. The result is scheduled by the search's placement hints, by Alg. 2, or after
   its inputs, and must be a valid schedule.
 
+As in the search, each result's strides are derived on fake tensors (`MetaChecker.derive`); a
+result whose ops cannot run on them is dropped, as the search drops it, and counted.
+
 Every choice is drawn from the `random.Random` given: a chain is reproduced by its seed.
 """
 
@@ -23,6 +26,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from magis.backend import MetaChecker
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph
@@ -80,10 +84,11 @@ class ChainState:
     sim: SimResult | None = None
     frozen: frozenset[int] = frozenset()
     lineage: fission_moves.Lineage | None = None
-    chain: tuple[str, ...] = ()  # "rule: what it did"
+    chain: tuple[str, ...] = ()  # "rule: what it did [how it was placed]"
     kinds: tuple[str, ...] = ()
     placements: tuple[str, ...] = ()
     touched: frozenset[int] | None = frozenset()
+    meta_rejected: tuple[str, ...] = ()  # rewrites dropped: their ops fail on fake tensors
 
 
 class ChainError(Exception):
@@ -97,10 +102,12 @@ class ChainError(Exception):
 @dataclass
 class Start:
     """Where every chain on one graph begins, computed once per graph: its two initial
-    states (program order, DP schedule), simulated, and their F-Trees (Alg. 1)."""
+    states (program order, DP schedule), simulated, and their F-Trees (Alg. 1); and what the
+    chains use: the cost model and the meta checker."""
 
     graph: Graph
     cost: CostModel
+    checker: MetaChecker = field(default_factory=MetaChecker)
     _states: dict = field(default_factory=dict, repr=False)
     _lineages: dict = field(default_factory=dict, repr=False)
 
@@ -132,22 +139,18 @@ def draw_chain(start: Start, rng: random.Random, rules: Sequence[Rule]) -> Chain
     state = start.state(kind)
     for _ in range(rng.randint(1, MAX_CHAIN)):
         if rng.random() < FISSION_SHARE:
-            moved = _try_fission(start, kind, state, rng)
-            if moved is not None:
-                state = moved
+            done, state = len(state.chain), _try_fission(start, kind, state, rng)
+            if len(state.chain) > done:
                 continue
-        stepped = rule_step(state, rules, rng, start.cost)
-        if stepped is None:
+        done, state = len(state.chain), rule_step(state, rules, rng, start.cost, start.checker)
+        if len(state.chain) == done:  # no rule applies
             break
-        state = stepped
     return state
 
 
-def _try_fission(
-    start: Start, kind: str, state: ChainState, rng: random.Random
-) -> ChainState | None:
-    """An F-Tree move on `state`: from its lineage, or from a new analysis of a state that
-    other rules made (the search's re-analysis)."""
+def _try_fission(start: Start, kind: str, state: ChainState, rng: random.Random) -> ChainState:
+    """`state` after an F-Tree move: from its lineage, or from a new analysis of a state that
+    other rules made (the search's re-analysis); `state` itself when none applies."""
     try:
         if state.lineage is None:
             if not state.chain:
@@ -155,9 +158,11 @@ def _try_fission(
             elif rng.random() < REANALYSIS_SHARE:
                 lineage = analyze(state.graph, state.order, True, state.frozen)
             else:
-                return None
+                return state
             state = replace(state, lineage=lineage)
-        return fission_step(state, rng, start.cost) if state.lineage is not None else None
+        if state.lineage is None:
+            return state
+        return fission_step(state, rng, start.cost, start.checker)
     except Exception as exc:  # noqa: BLE001 - any failure here is a bug to report
         raise ChainError((*state.chain, FISSION), f"{type(exc).__name__}: {exc}") from exc
 
@@ -181,23 +186,30 @@ def random_n_trees(tree, rng: random.Random):
             yield f"n={n} {i}", tree.with_n(i, n)
 
 
-def fission_step(state: ChainState, rng: random.Random, cost: CostModel) -> ChainState | None:
-    """One F-Tree move materialized on the lineage's base; None when none of the few tried
-    applies (a materialization the search would skip: n does not divide, a bad split)."""
+def fission_step(
+    state: ChainState, rng: random.Random, cost: CostModel, checker: MetaChecker
+) -> ChainState:
+    """`state` after one F-Tree move materialized on the lineage's base, its strides derived;
+    `state` with the moves dropped counted when none of the few tried applies (what the search
+    skips: n does not divide, a bad split, ops that fail on the derived strides)."""
     lineage = state.lineage
     offered = list(itertools.islice(fission_moves.moves(lineage.tree), 24))
     offered += [(d, lambda t=t: t) for d, t in random_n_trees(lineage.tree, rng)]
     rng.shuffle(offered)
+    rejected = state.meta_rejected
     for description, build in offered[:4]:
         tree = build()
         try:
             done = fission_moves.apply(lineage, tree)
         except MagisError:
             continue
+        name = f"{FISSION}:{description.split()[0]}"
+        if not checker.derive(done.graph, done.materialized.touched).ok:
+            rejected = (*rejected, name)
+            continue
         order = done.order
         if done.graph.copy_nodes():
             order = time_swaps(done.graph, order, cost)
-        name = f"{FISSION}:{description.split()[0]}"
         return ChainState(
             done.graph,
             tuple(order),
@@ -208,8 +220,9 @@ def fission_step(state: ChainState, rng: random.Random, cost: CostModel) -> Chai
             (*state.kinds, FISSION),
             (*state.placements, FISSION),
             None,
+            rejected,
         )
-    return None
+    return replace(state, meta_rejected=rejected)
 
 
 def rules_in_turn(rules: Sequence[Rule], state: ChainState, rng: random.Random) -> list[Rule]:
@@ -224,10 +237,15 @@ def rules_in_turn(rules: Sequence[Rule], state: ChainState, rng: random.Random) 
 
 
 def rule_step(
-    state: ChainState, rules: Sequence[Rule], rng: random.Random, cost: CostModel
-) -> ChainState | None:
-    """One rewrite of the first rule (in random order) that matches anything, drawn among its
-    candidates, and its result scheduled; None when no rule matches."""
+    state: ChainState,
+    rules: Sequence[Rule],
+    rng: random.Random,
+    cost: CostModel,
+    checker: MetaChecker,
+) -> ChainState:
+    """`state` after one rewrite of the first rule (in random order) that matches anything,
+    drawn among its candidates, its strides derived, and its result scheduled; `state` with
+    the rewrites dropped counted when no rule applies."""
     sim = state.sim if state.sim is not None else simulate(state.graph, state.order, cost, False)
     hotspots_only = rng.random() < 0.5
     if not hotspots_only and rng.random() < 0.5:
@@ -242,23 +260,29 @@ def rule_step(
         hotspots_only=hotspots_only,
         max_candidates=rng.choice((4, 16, 64)),
     )
+    rejected = state.meta_rejected
     for rule in rules_in_turn(rules, state, rng):
         found = list(itertools.islice(rule.match(ctx), 64))
         if not found:
             continue
         rewrite = rng.choice(found)
-        chain = (*state.chain, f"{rewrite.rule}: {rewrite.description}")
         placement = rng.choices(list(PLACEMENTS), weights=list(PLACEMENTS.values()))[0]
+        chain = (*state.chain, f"{rewrite.rule}: {rewrite.description} [{placement}]")
         try:
             result = rewrite.build()
             result.graph.verify()
+            metas = checker.derive(result.graph, result.touched)
+            if not metas.ok:  # the search drops it: try the next rule
+                rejected = (*rejected, rewrite.rule)
+                continue
             order = place(state.graph, state.order, result, placement, cost)
         except Exception as exc:  # noqa: BLE001 - any failure of a rule is the rule's bug
             raise ChainError(chain, f"{type(exc).__name__}: {exc}") from exc
         if not result.graph.is_valid_schedule(order):
             raise ChainError(chain, f"not a valid schedule after {placement} placement")
         alive = frozenset(result.graph.nodes)
-        touched = None if state.touched is None else (state.touched | result.touched) & alive
+        new = result.touched | metas.restrided
+        touched = None if state.touched is None else (state.touched | new) & alive
         return ChainState(
             result.graph,
             tuple(order),
@@ -269,8 +293,9 @@ def rule_step(
             (*state.kinds, rule.kind.value),
             (*state.placements, placement),
             touched,
+            rejected,
         )
-    return None
+    return replace(state, meta_rejected=rejected)
 
 
 def place(
