@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import rustworkx as rx
 
 from magis.ir.node import Node, Ref, refs_in
-from magis.ir.ops import OpInfo
+from magis.ir.ops import OpInfo, OpRegistry
 
-if TYPE_CHECKING:
-    from magis.ir.graph import Graph
+
+class GraphLike(Protocol):
+    """What the storage bookkeeping reads of a `magis.ir.graph.Graph` (which builds and caches
+    a StorageMap, so this module cannot import it)."""
+
+    registry: OpRegistry
+
+    @property
+    def dag(self) -> rx.PyDiGraph: ...
+
+    @property
+    def nodes(self) -> dict[int, Node]: ...
+
+    @property
+    def outputs(self) -> tuple[Ref, ...]: ...
+
+    def node(self, nid: int) -> Node: ...
+
+    def placeholders(self) -> list[int]: ...
+
+    def predecessors(self, nid: int) -> list[int]: ...
+
+    def successors(self, nid: int) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +53,7 @@ class StorageMap:
     host: frozenset[Ref] = frozenset()  # storages in host memory (made by a Store)
 
     @staticmethod
-    def build(graph: Graph) -> StorageMap:
+    def build(graph: GraphLike) -> StorageMap:
         # Any topological order will do (a view's base is known before the view): rustworkx's
         # plain sort is C-speed, unlike the program-order-stable one. This runs once per
         # graph version, thousands of times in a search.
@@ -67,8 +88,8 @@ class StorageMap:
     @staticmethod
     def update(
         old: StorageMap,
-        parent: Graph,
-        graph: Graph,
+        parent: GraphLike,
+        graph: GraphLike,
         added: set[int],
         changed: set[int],
         removed: set[int],
@@ -124,14 +145,14 @@ class StorageMap:
     def storage_of(self, ref: Ref) -> Ref:
         return self.base[ref]
 
-    def allocations(self, nid: int, graph: Graph) -> list[Ref]:
+    def allocations(self, nid: int, graph: GraphLike) -> list[Ref]:
         """Storages that running `nid` allocates."""
         return [
             Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes
         ]
 
 
-def _aliasing_closure(graph: Graph, start: set[int], lookup) -> set[int]:
+def _aliasing_closure(graph: GraphLike, start: set[int], lookup) -> set[int]:
     """`start` and every node that aliases (views, writes into) one of them, transitively."""
     out = set(start)
     stack = list(start)
@@ -146,7 +167,7 @@ def _aliasing_closure(graph: Graph, start: set[int], lookup) -> set[int]:
     return out
 
 
-def _topological(graph: Graph, subset: set[int]) -> list[int]:
+def _topological(graph: GraphLike, subset: set[int]) -> list[int]:
     """`subset` in an order where each node follows its predecessors within the subset."""
     done: set[int] = set()
     out: list[int] = []
