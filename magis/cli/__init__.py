@@ -2,14 +2,15 @@
 
 Each command builds its cost model once (`--hardware`) and hands it to the command function,
 which returns a report; `tables` draws it, `output` holds the consoles and `--json`, `bench` the
-paper's experiments. Errors meant for the user (MagisError) print one line and exit 1; `--debug`
-shows the traceback. Every command that reports numbers takes `--json PATH`.
+paper's experiments, `optimize` the search. `exits` says how a command ends: errors meant for the
+user (MagisError) print one line and exit 1, or 2 for a command line that cannot work; Ctrl-C
+exits 130 saying what it leaves; `--debug` shows the traceback. Every command that reports
+numbers takes `--json PATH`, checked for being writable before any work.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +18,21 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from magis.cli.bench import bench_app
-from magis.cli.output import HardwareOpt, JsonOpt, console, err_console, spinner, write_json
+from magis.cli.exits import ExitCode, Interrupted, check_input_file, exit_code_of
+from magis.cli.optimize import optimize_cmd
+from magis.cli.output import (
+    HARDWARE_HELP,
+    HardwareOpt,
+    JsonOpt,
+    console,
+    err_console,
+    spinner,
+    write_json,
+)
 from magis.cli.tables import (
-    optimize_table,
     show_analysis,
     show_ftree,
     show_layout,
@@ -54,7 +65,9 @@ def _warning_printer(options: CliOptions, full: Callable) -> Callable:
         if options.debug:
             full(message, category, filename, lineno, file, line)
         else:
-            err_console.print(f"[yellow]warning:[/yellow] {message}")
+            err_console.print(
+                f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False, soft_wrap=True
+            )
 
     return show
 
@@ -118,13 +131,29 @@ def _fission_nodes(text: str | None) -> list[int] | None:
         ) from None
 
 
+def _plan_file(value: Path | None) -> Path | None:
+    return check_input_file(value, "--plan")
+
+
+PlanInOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plan", help="Run this saved plan instead of program order.", callback=_plan_file
+    ),
+]
+
+
 @app.command("run")
 def run_cmd(
     workload: str,
-    hardware: HardwareOpt = "cpu",
-    plan: Annotated[
-        Path | None, typer.Option("--plan", help="Run this saved plan instead of program order.")
+    hardware: Annotated[
+        str | None,
+        typer.Option("--hardware", "-H", help=f"Simulate on: {HARDWARE_HELP} Default: --device."),
     ] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="Run the program and eager PyTorch on: cpu or cuda.")
+    ] = "cpu",
+    plan: PlanInOpt = None,
     layout: Annotated[
         bool,
         typer.Option("--layout", help="Run inside one preallocated arena (ROAM memory layout)."),
@@ -140,7 +169,10 @@ def run_cmd(
     ] = 2,
     json_path: JsonOpt = None,
 ) -> None:
-    """Execute a :tiny or :small workload as generated code; verify it and measure its peak."""
+    """Execute a :tiny or :small workload as generated code; verify it and measure its peak.
+
+    A paper-size workload runs only if its estimated need fits in the device's free memory."""
+    from magis.commands.device import check_device
     from magis.commands.run import run, run_plan
 
     nodes = _fission_nodes(fission)
@@ -148,15 +180,20 @@ def run_cmd(
         raise MagisError(
             "--fission runs the captured program split; it cannot take --plan or --layout"
         )
+    dev = check_device(device)
     if layout:
+        if dev.type != "cpu":
+            raise MagisError(
+                "--layout runs on the CPU (and measures CUDA beside it): drop --device"
+            )
         _run_layout(workload, plan, json_path)
         return
-    cost = _cost(hardware)
+    cost = _cost(hardware if hardware is not None else dev.type)
     with spinner(f"running {workload}") as progress:
         if plan is not None:
-            rep = run_plan(workload, plan, cost, progress)
+            rep = run_plan(workload, plan, cost, progress, device=dev)
         else:
-            rep = run(workload, cost, progress=progress, fission=nodes, parts=parts)
+            rep = run(workload, cost, progress=progress, fission=nodes, parts=parts, device=dev)
     show_run(rep)
     for f in rep.fission or []:
         console.print(
@@ -168,81 +205,7 @@ def run_cmd(
         raise typer.Exit(1)
 
 
-@app.command("optimize")
-def optimize_cmd(
-    workload: str,
-    mem_limit: Annotated[
-        str | None,
-        typer.Option("--mem-limit", help="Ratio of the unoptimized peak (0.4) or a size (12GiB)."),
-    ] = None,
-    lat_limit: Annotated[
-        str | None,
-        typer.Option(
-            "--lat-limit", help="Ratio of the unoptimized latency (1.10) or a time (250ms)."
-        ),
-    ] = None,
-    time_budget: Annotated[float, typer.Option("--time-budget", help="Seconds of search.")] = 180.0,
-    hardware: HardwareOpt = "rtx3090",
-    save: Annotated[
-        Path | None, typer.Option("--save", help="Save the best plan here (JSON).")
-    ] = None,
-    old_save: Annotated[
-        Path | None, typer.Option("--plan", hidden=True, help="Deprecated name of --save.")
-    ] = None,
-    memory_figure: Annotated[
-        str,
-        typer.Option(
-            "--memory-figure", help="theoretical (simulated peak) or arena (LLFB layout's arena)."
-        ),
-    ] = "theoretical",
-    max_states: Annotated[
-        int | None,
-        typer.Option("--max-states", help="Stop after this many states: a reproducible search."),
-    ] = None,
-    json_path: JsonOpt = None,
-) -> None:
-    """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
-
-    Ctrl-C or the time budget stop the search; the best plan so far is kept and saved.
-    """
-    from rich.live import Live
-
-    from magis.commands.optimize import find_plan, setup_workload_search
-
-    if old_save is not None:
-        if save is not None:
-            raise MagisError("give the plan's path once: --save PATH (--plan is its old name)")
-        err_console.print("[yellow]warning:[/yellow] optimize --plan is deprecated: use --save")
-        save = old_save
-    cost = _cost(hardware)
-    with spinner(f"preparing {workload}") as progress:
-        setup = setup_workload_search(
-            workload,
-            mem_limit=mem_limit,
-            lat_limit=lat_limit,
-            hardware=cost,
-            memory_figure=memory_figure,
-            progress=progress,
-        )
-    start = time.perf_counter()
-    count = 0
-    with Live(
-        optimize_table(workload, 1.0, 1.0, 0, 0), console=console, refresh_per_second=4
-    ) as live:
-
-        def show(imp) -> None:
-            nonlocal count
-            count += 1
-            memory, latency = setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency)
-            elapsed = time.perf_counter() - start
-            live.update(optimize_table(workload, memory, latency, count, elapsed))
-
-        plan = find_plan(setup, time_budget=time_budget, on_improvement=show, max_states=max_states)
-    console.print()
-    console.print(plan.report())
-    if save is not None:
-        console.print(f"[dim]saved plan to {plan.save(save)}[/dim]")
-    write_json(json_path, plan.summary.to_json())
+app.command("optimize")(optimize_cmd)
 
 
 @app.command("schedule")
@@ -287,7 +250,10 @@ def layout_cmd(
         str, typer.Option("--scheduler", "-s", help="program (as captured) or dp (MAGIS §6.1).")
     ] = "program",
     plan: Annotated[
-        Path | None, typer.Option("--plan", help="Lay out this saved plan's graph and schedule.")
+        Path | None,
+        typer.Option(
+            "--plan", help="Lay out this saved plan's graph and schedule.", callback=_plan_file
+        ),
     ] = None,
     batch: Annotated[int | None, typer.Option(help="Override the workload's batch size.")] = None,
     json_path: JsonOpt = None,
@@ -313,31 +279,66 @@ def _run_layout(workload: str, plan: Path | None, json_path: Path | None) -> Non
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point: user errors become one line and exit status 1. Warnings are shown as one
-    line while the command runs (the process's warning settings are restored after)."""
+    """Entry point: every way a command ends becomes its exit code (`magis.cli.exits`) and at
+    most one line on stderr; no traceback without --debug. Warnings are shown as one line while
+    the command runs (the process's warning settings are restored after)."""
     options = CliOptions()
     with warnings.catch_warnings():
         warnings.simplefilter("default", MagisWarning)
         warnings.showwarning = _warning_printer(options, warnings.showwarning)
-        try:
-            code = app(args=argv, standalone_mode=False, obj=options)
-        except MagisError as exc:
-            if options.debug:
-                raise
-            err_console.print(f"[red]error:[/red] {exc}")
-            sys.exit(1)
-        except typer.Exit as exc:
-            sys.exit(exc.exit_code)
-        except (typer.Abort, KeyboardInterrupt):
-            err_console.print("interrupted")
-            sys.exit(130)
-        except Exception as exc:  # click usage errors and the like
-            import click
-
-            if isinstance(exc, click.ClickException):
-                exc.show()
-                sys.exit(exc.exit_code)
-            raise
+        code = _run_app(argv, options)
     if isinstance(code, int) and code:  # typer.Exit(n) inside a command comes back as n
+        if code == ExitCode.INTERRUPTED:  # typer made a KeyboardInterrupt into this, silently
+            err_console.print("interrupted")
         sys.exit(code)
     return code
+
+
+def _run_app(argv: list[str] | None, options: CliOptions) -> Any:
+    try:
+        return app(args=argv, standalone_mode=False, obj=options)
+    except Interrupted as exc:
+        err_console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside a command (typer's own code)
+        err_console.print("interrupted")
+        sys.exit(ExitCode.INTERRUPTED)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except MagisError as exc:
+        if options.debug:
+            raise
+        _error_line(str(exc))
+        sys.exit(exit_code_of(exc))
+    except typer.TyperException as exc:  # click's usage errors (typer vendors click)
+        if options.debug:
+            raise
+        _error_line(_usage_message(exc))
+        sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
+    except Exception as exc:  # a bug: one line, and the traceback with --debug
+        if options.debug:
+            raise
+        _error_line(
+            f"internal error: {type(exc).__name__}: {_first_line(exc)} "
+            "(magis --debug ... shows the traceback)"
+        )
+        sys.exit(ExitCode.ERROR)
+
+
+def _error_line(message: str) -> None:
+    err_console.print(
+        f"[red]error:[/red] {escape(_first_line(message))}", highlight=False, soft_wrap=True
+    )
+
+
+def _first_line(message: object) -> str:
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _usage_message(exc: Exception) -> str:
+    """A click usage error as one line, with the command whose --help lists the options."""
+    text = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    return f"{_first_line(text)}{where}"

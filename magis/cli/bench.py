@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
+from magis.cli.exits import Interrupted, UsageError, check_output_folder, check_positive
 from magis.cli.output import (
     HardwareOpt,
     JsonOpt,
@@ -18,7 +20,27 @@ from magis.cli.output import (
     write_json,
 )
 
-bench_app = typer.Typer(no_args_is_help=True, help="Experiments of the MAGIS paper (§7).")
+bench_app = typer.Typer(
+    no_args_is_help=True,
+    help="Experiments of the MAGIS paper (§7), random testing of the rules, training speed.",
+)
+
+
+def _budget(value: float) -> float:
+    return check_positive(value, "--time-budget")
+
+
+def _out_folder(value: Path) -> Path:
+    return check_output_folder(value, "--out")
+
+
+BudgetOpt = Annotated[
+    float,
+    typer.Option("--time-budget", help="Seconds per MAGIS search (> 0).", callback=_budget),
+]
+OutOpt = Annotated[
+    Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNGs.", callback=_out_folder)
+]
 
 
 @bench_app.command("incremental")
@@ -77,12 +99,8 @@ def bench_compare_cmd(
         list[str] | None, typer.Argument(help="Workloads (default: the seven at paper size).")
     ] = None,
     hardware: HardwareOpt = "rtx3090",
-    time_budget: Annotated[
-        float, typer.Option("--time-budget", help="Seconds per MAGIS search (6 per workload).")
-    ] = 60.0,
-    out: Annotated[Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNGs.")] = Path(
-        "out/bench-compare"
-    ),
+    time_budget: BudgetOpt = 60.0,
+    out: OutOpt = Path("out/bench-compare"),
     methods: Annotated[
         str | None,
         typer.Option("--methods", help="Comma-separated: magis and baseline names (default: all)."),
@@ -120,8 +138,7 @@ def _finish_bench(rep, out: Path, json_path: Path | None) -> None:
     console.print(f"[dim]results in {out} ({rep.seconds:.0f} s)[/dim]")
     write_json(json_path, rep.to_json())
     if rep.interrupted:
-        err_console.print("interrupted: the results hold what finished")
-        raise typer.Exit(130)
+        raise Interrupted(f"interrupted: the results in {out} hold what finished")
 
 
 @bench_app.command("ablation")
@@ -130,12 +147,8 @@ def bench_ablation_cmd(
         "bert-base"
     ),
     hardware: HardwareOpt = "rtx3090",
-    time_budget: Annotated[
-        float, typer.Option("--time-budget", help="Seconds per search (20 searches).")
-    ] = 60.0,
-    out: Annotated[Path, typer.Option("--out", help="Folder for CSV, JSON, tables, PNG.")] = Path(
-        "out/bench-ablation"
-    ),
+    time_budget: BudgetOpt = 60.0,
+    out: OutOpt = Path("out/bench-ablation"),
     json_path: JsonOpt = None,
 ) -> None:
     """naive-fission, naive-sch-rules, max-level 2/4/8 under the four constraints: best-so-far
@@ -147,3 +160,87 @@ def bench_ablation_cmd(
         rep = run_ablation(options, progress)
     console.print(tables_markdown(rep))
     _finish_bench(rep, out, json_path)
+
+
+@bench_app.command("fuzz")
+def bench_fuzz_cmd(
+    cases: Annotated[int, typer.Option("--cases", min=0, help="Random rule chains to run.")] = 500,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the one random generator.")] = 0,
+    max_seconds: Annotated[
+        float | None,
+        typer.Option("--max-seconds", help="Stop after this long (the report says how many ran)."),
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Random testing, TASO's way (issue 14): random training steps and random chains of
+    rewrites, each result run against eager PyTorch and through the meta check.
+    Exit code 1 when any case failed; each failure prints its reproducer."""
+    from magis.bench.fuzz import run_fuzz
+
+    check_positive(max_seconds, "--max-seconds")
+    with progress_bar("fuzz") as bar:
+        rep = run_fuzz(
+            cases,
+            seed=seed,
+            progress=lambda done, total: bar("cases", done, total),
+            max_seconds=max_seconds,
+        )
+    _print_fuzz(rep)
+    write_json(json_path, rep.to_json())
+    if _fuzz_failures(rep):
+        raise typer.Exit(1)
+
+
+def _fuzz_failures(rep) -> list:
+    return [*rep.mismatches, *rep.meta_mismatches, *rep.baseline_failures]
+
+
+def _print_fuzz(rep) -> None:
+    table = Table(title=f"bench fuzz (seed {rep.seed})", show_header=False)
+    table.add_row("cases", f"{rep.cases} on {rep.models} random models")
+    table.add_row("seconds", f"{rep.seconds:.1f} ({rep.cases_per_second:.1f} cases/s)")
+    table.add_row("mismatches against eager", str(len(rep.mismatches)))
+    table.add_row("meta check mismatches", str(len(rep.meta_mismatches)))
+    table.add_row("unmodified programs failing", str(len(rep.baseline_failures)))
+    covered = ", ".join(f"{k} {v}" for k, v in sorted(rep.rules_covered.items()))
+    table.add_row("rules covered", f"{len(rep.rules_covered)}: {covered}")
+    table.add_row("rule kinds missing", ", ".join(rep.kinds_missing) or "none")
+    console.print(table)
+    for m in _fuzz_failures(rep)[:20]:
+        err_console.print(
+            f"[red]mismatch[/red] {escape(m.error)}: {' -> '.join(m.chain) or 'no rewrite'}; "
+            f"reproduce with {m.reproducer}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    workloads: Annotated[
+        list[str] | None, typer.Argument(help="Workloads (default: every :small one).")
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed steps of each.")] = 5,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")] = "adamw",
+    json_path: JsonOpt = None,
+) -> None:
+    """Median step time of `magis.compile`'s training step with a program-order plan against
+    eager PyTorch's, on the same model and optimizer (issue 15; target ratio <= 1.05)."""
+    from magis.bench.train import OPTIMIZERS, bench_train
+    from magis.capture import get_workload, list_workloads
+
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    names = workloads or [w.name for w in list_workloads() if w.size == "small"]
+    for name in names:
+        get_workload(name)  # an unknown name fails before any timing
+    with spinner("bench train") as progress:
+        rows = bench_train(names, repeats=repeats, optimizer=optimizer, progress=progress)
+    table = Table("workload", "optimizer", "eager s", "magis s", "magis / eager", "capture s")
+    for r in rows:
+        table.add_row(
+            r.workload, r.optimizer, f"{r.eager_s:.4f}", f"{r.magis_s:.4f}", f"{r.ratio:.3f}",
+            f"{r.capture_s:.1f}",
+        )  # fmt: skip
+    console.print(table)
+    write_json(json_path, {"rows": [r.to_json() for r in rows]})

@@ -12,13 +12,22 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from magis.cli.exits import check_output_path, deferred_interrupt
+
 console = Console(stderr=False)
 err_console = Console(stderr=True)
 
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON to PATH.")]
-HardwareOpt = Annotated[
-    str, typer.Option("--hardware", "-H", help="rtx3090, a100, h100, or cpu (profiled).")
+
+def _json_path(value: Path | None) -> Path | None:
+    return check_output_path(value, "--json")
+
+
+JsonOpt = Annotated[
+    Path | None,
+    typer.Option("--json", help="Write the figures as JSON to PATH.", callback=_json_path),
 ]
+HARDWARE_HELP = "rtx3090, a100, h100 (roofline), or cpu, cuda (profiled on this machine)."
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help=HARDWARE_HELP)]
 
 
 def gib(n: int | float) -> str:
@@ -32,8 +41,9 @@ def ms(s: float) -> str:
 def write_json(path: Path | None, data: dict) -> None:
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    with deferred_interrupt():  # a second Ctrl-C does not leave half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     console.print(f"[dim]wrote {path}[/dim]")
 
 

@@ -17,12 +17,21 @@ import torch
 
 from magis.capture import Step, training_step, workload_step
 from magis.commands.limits import (
+    Limit,
+    check_latency_reachable,
+    check_memory_reachable,
     check_one_limit,
-    parse_latency_limit,
     parse_memory_figure,
-    parse_memory_limit,
+    read_latency_limit,
+    read_memory_limit,
 )
-from magis.commands.shared import Progress, cost_model, prepare_cost, silent
+from magis.commands.shared import (
+    Progress,
+    cost_model,
+    deferred_interrupt,
+    prepare_cost,
+    silent,
+)
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.plan import Plan, PlanSummary, check_plan_graph
@@ -68,18 +77,30 @@ def setup_search(
     workload: str | None = None,
     progress: Progress = silent,
 ) -> SearchSetup:
-    """Prepare a search of `step` under exactly one of `mem_limit` and `lat_limit`."""
+    """Prepare a search of `step` under exactly one of `mem_limit` and `lat_limit`.
+
+    A limit that cannot be read, or that no plan can meet (below the resident bytes, or under
+    the latency bound of `magis.commands.limits`), is a one-line LimitError before the search."""
     check_one_limit(mem_limit, lat_limit)
+    limit = _read_limit(mem_limit, lat_limit)
     figure = parse_memory_figure(memory_figure)
     cost = prepare_cost(hardware, step.graph, progress)
     progress("simulating program order")
     # ratios compare like with like: the program order measured by the same memory figure
     base = simulate_state(step.graph, step.graph.program_order(), cost, figure)
     if mem_limit is not None:
-        objective = Objective(Mode.MEMORY_LIMIT, parse_memory_limit(mem_limit, base.peak_bytes))
+        limit_bytes = int(limit.resolve(base.peak_bytes))
+        check_memory_reachable(limit_bytes, limit.text, base)
+        objective = Objective(Mode.MEMORY_LIMIT, limit_bytes)
     else:
-        objective = Objective(Mode.LATENCY_LIMIT, parse_latency_limit(lat_limit, base.latency_s))
+        limit_s = limit.resolve(base.latency_s)
+        check_latency_reachable(limit_s, limit.text, step.graph, cost, base)
+        objective = Objective(Mode.LATENCY_LIMIT, limit_s)
     return SearchSetup(step, cost, figure, base, objective, workload)
+
+
+def _read_limit(mem_limit: str | float | None, lat_limit: str | float | None) -> Limit:
+    return read_memory_limit(mem_limit) if mem_limit is not None else read_latency_limit(lat_limit)
 
 
 def setup_workload_search(
@@ -92,8 +113,9 @@ def setup_workload_search(
     progress: Progress = silent,
 ) -> SearchSetup:
     """Capture `workload` (`:tiny` in float64, so that its plans verify tightly) and prepare its
-    search; bad limits, figures and hardware fail before the capture."""
+    search; limits that cannot be read, figures and hardware fail before the capture."""
     check_one_limit(mem_limit, lat_limit)
+    _read_limit(mem_limit, lat_limit)
     parse_memory_figure(memory_figure)
     cost = cost_model(hardware)
     progress("capturing")
@@ -115,16 +137,26 @@ def find_plan(
     time_budget: float = 180.0,
     on_improvement: Callable[[Improvement], None] | None = None,
     max_states: int | None = None,
+    before_polish: Callable[[Plan], None] | None = None,
 ) -> Plan:
     """Run the search of MAGIS Alg. 3 for at most `time_budget` seconds (Ctrl-C stops it too)
-    and hand over its best state as a Plan."""
+    and hand over its best state as a Plan.
+
+    `before_polish` gets the best plan before the final re-ordering, which a second Ctrl-C can
+    interrupt (the CLI saves it there)."""
     start = time.perf_counter()
+
+    def hand_over(result: SearchResult) -> None:
+        with deferred_interrupt():  # a Ctrl-C now waits until the plan is handed over
+            before_polish(plan_from_search(result, setup, time.perf_counter() - start))
+
     result = optimize_graph(
         setup.step.graph,
         setup.cost,
         setup.objective,
         SearchOptions(time_budget=time_budget, max_states=max_states, memory_figure=setup.figure),
         on_improvement,
+        hand_over if before_polish is not None else None,
     )
     return plan_from_search(result, setup, wall_seconds=time.perf_counter() - start)
 
@@ -181,6 +213,7 @@ def optimize(
     """Optimize a captured step — or a model with example inputs, whose training step is
     captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2)."""
     check_one_limit(mem_limit, lat_limit)
+    _read_limit(mem_limit, lat_limit)  # a typo fails before the capture
     step = step_or_model
     if isinstance(step_or_model, torch.nn.Module):
         if example_inputs is None:

@@ -14,6 +14,7 @@ from magis.analyze import FTree
 from magis.backend import compile_program
 from magis.capture import Step, workload_step
 from magis.commands.analyze import fission_tree
+from magis.commands.device import check_device, check_fits
 from magis.commands.shared import Progress, prepare_cost, silent, verify_and_measure
 from magis.cost import CostModel
 from magis.errors import MagisError
@@ -38,6 +39,7 @@ class RunReport:
     simulated_latency_s: float  # by `hardware` (the profiled CPU model by default)
     hardware: str
     seconds: float
+    device: str = "cpu"  # where the program and the eager reference ran
     fission: list[dict] | None = None  # `--fission`: the F-Tree nodes enabled, with their n
     # Swapped-out bytes at their peak, in the host pool (beside the device figures above).
     measured_host_peak_bytes: int = 0
@@ -57,16 +59,18 @@ def run_step(
     seed: int = 0,
     graph: Graph | None = None,
     order: Sequence[int] | None = None,
+    device: torch.device | str = "cpu",
 ) -> RunReport:
     """Execute `graph` in `order` (default: the step's own graph in program order, or a plan's)
-    as generated code; verify it against the step run eagerly, measure it, and simulate it on
-    `hardware` for comparison."""
+    as generated code on `device`; verify it against the step run eagerly there, measure it,
+    and simulate it on `hardware` for comparison."""
     start = time.perf_counter()
+    device = torch.device(device)
     graph = step.graph if graph is None else graph
     order = graph.program_order() if order is None else list(order)
     progress("generating code")
-    program = compile_program(graph, order)
-    ran = verify_and_measure(step, program, progress, tolerance, repeats, seed)
+    program = compile_program(graph, order, device)
+    ran = verify_and_measure(step, program, progress, tolerance, repeats, seed, device)
     cost = prepare_cost(hardware, graph, progress)
     sim = simulate(graph, order, cost)
     measured = ran.measurement
@@ -84,6 +88,7 @@ def run_step(
         simulated_latency_s=sim.latency_s,
         hardware=cost.name,
         seconds=time.perf_counter() - start,
+        device=str(device),
         measured_host_peak_bytes=measured.host_peak_bytes,
         simulated_host_peak_bytes=sim.host_peak_bytes,
     )
@@ -96,18 +101,23 @@ def run(
     progress: Progress = silent,
     fission: Sequence[int] | None = None,
     parts: int = 2,
+    device: torch.device | str = "cpu",
 ) -> RunReport:
-    """Capture a `:tiny` or `:small` workload with real tensors, execute it and verify it.
+    """Capture a `:tiny` or `:small` workload with real tensors, execute it on `device` and
+    verify it.
 
     Tiny workloads run in float64 so that verification can be tight (DESIGN principle 1).
     With `fission`, the F-Tree nodes of those indices (`magis analyze W --ftree`) are enabled
-    with n = `parts` and the split program is what runs.
+    with n = `parts` and the split program is what runs. A paper-size workload that would not
+    fit in `device`'s available memory is refused before its model is built (`check_fits`).
     """
+    device = check_device(device)
+    check_fits(workload, device, progress, dtype)
     progress("capturing")
     _, step = workload_step(workload, dtype=dtype, real=True, float64_when_tiny=True)
     if fission:
-        return run_fission(step, workload, fission, parts, hardware, progress)
-    return run_step(step, workload, hardware, progress=progress)
+        return run_fission(step, workload, fission, parts, hardware, progress, device)
+    return run_step(step, workload, hardware, progress=progress, device=device)
 
 
 def run_plan(
@@ -115,14 +125,26 @@ def run_plan(
     plan_path: str | Path,
     hardware: str | CostModel = "cpu",
     progress: Progress = silent,
+    device: torch.device | str = "cpu",
 ) -> RunReport:
-    """Execute a saved plan on `workload` (a :tiny or :small variant), verify and measure it."""
+    """Execute a saved plan on `workload` (a :tiny or :small variant) on `device`, verify and
+    measure it."""
+    device = check_device(device)
     progress("reading the plan")
     plan = Plan.load(plan_path)
+    check_fits(workload, device, progress)
     progress("capturing")
-    _, step = workload_step(workload, float64_when_tiny=True)
+    _, step = workload_step(workload, real=True, float64_when_tiny=True)
     plan.check_matches(step)
-    return run_step(step, workload, hardware, progress=progress, graph=plan.graph, order=plan.order)
+    return run_step(
+        step,
+        workload,
+        hardware,
+        progress=progress,
+        graph=plan.graph,
+        order=plan.order,
+        device=device,
+    )
 
 
 def enable_nodes(tree: FTree, indices: Sequence[int], parts: int) -> FTree:
@@ -151,6 +173,7 @@ def run_fission(
     parts: int = 2,
     hardware: str | CostModel = "cpu",
     progress: Progress = silent,
+    device: torch.device | str = "cpu",
 ) -> RunReport:
     """Run `step` with F-Tree nodes `fission` enabled (n = `parts`, MAGIS §4), materialized as a
     graph rewrite (`magis.rules.fission.materialize`); verified against eager PyTorch and
@@ -160,7 +183,9 @@ def run_fission(
     tree = enable_nodes(tree, fission, parts)
     progress("splitting")
     split = materialize(graph, tree)
-    rep = run_step(replace(step, graph=split.graph), name, hardware, progress=progress)
+    rep = run_step(
+        replace(step, graph=split.graph), name, hardware, progress=progress, device=device
+    )
     enabled = [
         {
             "index": k,

@@ -1,10 +1,13 @@
-"""What the commands share: progress callbacks, the cost model prepared for a graph, and the one
-verify-and-measure sequence by which a program is checked against eager PyTorch (MAGIS §7.1)."""
+"""What the commands share: progress callbacks, the cost model prepared for a graph, the one
+verify-and-measure sequence by which a program is checked against eager PyTorch (MAGIS §7.1),
+and the deferral of Ctrl-C while a result is being handed over or written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -75,10 +78,18 @@ def verify_and_measure(
     tolerance: float | None = None,
     repeats: int = 10,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> Execution:
     """Verify `program` against `step` run eagerly (TASO's random testing, see
-    `magis.backend.executor`), then measure its peak and wall time on the same inputs."""
-    inputs = step.make_inputs(seed=seed)
+    `magis.backend.executor`), then measure its peak and wall time on the same inputs, all on
+    `device` (the program must be compiled for it)."""
+    device = torch.device(device)
+    if device.type != "cpu":  # the step's tensor constants go where its inputs go
+        constants = tuple(
+            c.to(device) if isinstance(c, torch.Tensor) else c for c in step.constants
+        )
+        step = replace(step, constants=constants)
+    inputs = [t.to(device) for t in step.make_inputs(seed=seed)]
     dtype = float_dtype(step)
     tol = tolerance if tolerance is not None else default_tolerance(dtype)
     progress("verifying against eager PyTorch")
@@ -87,3 +98,25 @@ def verify_and_measure(
     program_inputs = step.program_inputs(inputs)
     measured = measure(program, program_inputs, repeats=repeats, seed=seed)
     return Execution(dtype, tol, check, measured, program_inputs)
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Ctrl-C waits until the block is done, then interrupts: a file being written (a plan, a
+    report) is never lost to a second Ctrl-C. Only in the main thread (signals go there)."""
+    pending: list[object] = []
+
+    def remember(signum, frame) -> None:
+        pending.append(signum)
+
+    try:
+        previous = signal.signal(signal.SIGINT, remember)
+    except ValueError:  # not the main thread: nothing can be deferred
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if pending:
+        raise KeyboardInterrupt

@@ -113,9 +113,13 @@ def optimize_graph(
     objective: Objective,
     options: SearchOptions | None = None,
     on_improvement: Callable[[Improvement], None] | None = None,
+    before_polish: Callable[[SearchResult], None] | None = None,
 ) -> SearchResult:
     """Alg. 3 on `graph` under `objective`, within `options.time_budget` seconds (or
-    `options.max_states` states). Ctrl-C ends it early with the best state so far."""
+    `options.max_states` states). Ctrl-C ends it early with the best state so far.
+
+    `before_polish` is handed the result as it stands before the final re-ordering (which a
+    second Ctrl-C may interrupt): a caller saves it there so that nothing is lost."""
     options = options if options is not None else SearchOptions()
     search = _Search.start(graph, cost, objective, options, on_improvement)
     interrupted = False
@@ -124,7 +128,7 @@ def optimize_graph(
             search.expand(*search.queue.pop())
     except KeyboardInterrupt:
         interrupted = True
-    return search.finish(interrupted)
+    return search.finish(interrupted, before_polish)
 
 
 @dataclass
@@ -255,10 +259,22 @@ class _Search:
         if self.on_improvement is not None:
             self.on_improvement(imp)
 
-    def finish(self, interrupted: bool) -> SearchResult:
+    def finish(self, interrupted: bool, before_polish=None) -> SearchResult:
         """The best state after one full re-ordering (kept if better, and if affordable), with
         the detailed simulation reports read (the peak's breakdown by category)."""
         best = self.best
+        if before_polish is not None:
+            before_polish(
+                SearchResult(
+                    self.initial,
+                    best,
+                    self.objective,
+                    self.stats,
+                    tuple(self.improvements),
+                    self.budget.elapsed(),
+                    interrupted,
+                )
+            )
         polished = (
             self.evaluator.polish(best) if self.budget.polish.affordable(best.graph) else best
         )

@@ -1,0 +1,181 @@
+"""`magis optimize`: the search shown live, its plan kept on disk whatever happens.
+
+What the user is owed at each moment (issue 14's CLI edges):
+
+- before any work: the limits, the time budget and the paths are checked (exit 2);
+- after the program order is measured: a limit no plan can meet is refused with its bound;
+- during the search: Ctrl-C stops it and the best plan so far is kept (the search catches it);
+- before the final re-ordering: that plan is saved, so a second Ctrl-C loses nothing;
+- at the end: the plan is saved (a Ctrl-C waits until the file is whole), the exit code says
+  whether the limit was met (3 when not) or the user interrupted (130, with where the plan is).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from magis.cli.exits import (
+    ExitCode,
+    Interrupted,
+    check_output_path,
+    check_positive,
+    deferred_interrupt,
+)
+from magis.cli.output import HardwareOpt, JsonOpt, console, err_console, spinner, write_json
+from magis.cli.tables import optimize_table
+from magis.errors import MagisError
+from magis.plan import Plan
+
+LIMIT_FLAGS = ("--mem-limit", "--lat-limit")
+
+
+@dataclass
+class PlanKeeper:
+    """Where the best plan so far goes (`--save`), and whether one is there yet."""
+
+    path: Path | None
+    saved: bool = False
+
+    def keep(self, plan: Plan) -> None:
+        if self.path is None:
+            return
+        with deferred_interrupt():  # a plan file is whole or not written
+            plan.save(self.path)
+            self.saved = True
+
+    def interrupted(self, search_started: bool) -> Interrupted:
+        if self.saved:
+            return Interrupted(f"interrupted: best plan so far saved to {self.path}")
+        if not search_started:
+            return Interrupted("interrupted before the search started: no plan to save")
+        if self.path is None:
+            return Interrupted("interrupted: plan not saved (--save PATH keeps the best so far)")
+        return Interrupted("interrupted before the search had a plan: nothing saved")
+
+
+def _save_path(value: Path | None) -> Path | None:
+    return check_output_path(value, "--save")
+
+
+def _plan_path(value: Path | None) -> Path | None:
+    return check_output_path(value, "--plan")
+
+
+def _budget(value: float) -> float:
+    return check_positive(value, "--time-budget")
+
+
+def optimize_cmd(
+    workload: str,
+    mem_limit: Annotated[
+        str | None,
+        typer.Option("--mem-limit", help="Ratio of the unoptimized peak (0.4) or a size (12GiB)."),
+    ] = None,
+    lat_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--lat-limit", help="Ratio of the unoptimized latency (1.10) or a time (250ms)."
+        ),
+    ] = None,
+    time_budget: Annotated[
+        float, typer.Option("--time-budget", help="Seconds of search (> 0).", callback=_budget)
+    ] = 180.0,
+    hardware: HardwareOpt = "rtx3090",
+    save: Annotated[
+        Path | None,
+        typer.Option("--save", help="Save the best plan here (JSON).", callback=_save_path),
+    ] = None,
+    old_save: Annotated[
+        Path | None,
+        typer.Option("--plan", hidden=True, help="Deprecated name of --save.", callback=_plan_path),
+    ] = None,
+    memory_figure: Annotated[
+        str,
+        typer.Option(
+            "--memory-figure", help="theoretical (simulated peak) or arena (LLFB layout's arena)."
+        ),
+    ] = "theoretical",
+    max_states: Annotated[
+        int | None,
+        typer.Option(
+            "--max-states", min=1, help="Stop after this many states: a reproducible search."
+        ),
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
+
+    Ctrl-C or the time budget stop the search; the best plan so far is kept and saved (--save).
+    Exit code 3: the limit is not met; 130: interrupted.
+    """
+    from magis.commands.limits import check_one_limit
+    from magis.commands.optimize import setup_workload_search
+
+    check_one_limit(mem_limit, lat_limit, LIMIT_FLAGS)
+    if old_save is not None:
+        if save is not None:
+            raise MagisError("give the plan's path once: --save PATH (--plan is its old name)")
+        err_console.print("[yellow]warning:[/yellow] optimize --plan is deprecated: use --save")
+        save = old_save
+    keeper, setup = PlanKeeper(save), None
+    try:
+        with spinner(f"preparing {workload}") as progress:
+            setup = setup_workload_search(
+                workload,
+                mem_limit=mem_limit,
+                lat_limit=lat_limit,
+                hardware=hardware,
+                memory_figure=memory_figure,
+                progress=progress,
+            )
+        plan = _search_live(workload, setup, time_budget, max_states, keeper)
+        console.print()
+        console.print(plan.report())
+        keeper.keep(plan)
+        if keeper.saved:
+            console.print(f"[dim]saved plan to {save}[/dim]")
+        write_json(json_path, plan.summary.to_json())
+    except KeyboardInterrupt:
+        raise keeper.interrupted(search_started=setup is not None) from None
+    if plan.summary.interrupted:
+        raise keeper.interrupted(search_started=True)
+    if not plan.summary.satisfied:
+        where = f"; the best plan is saved to {save}" if keeper.saved else ""
+        err_console.print(
+            f"limit not met (exit code {ExitCode.LIMIT_NOT_MET:d}){where}", soft_wrap=True
+        )
+        raise typer.Exit(int(ExitCode.LIMIT_NOT_MET))
+
+
+def _search_live(workload: str, setup, time_budget: float, max_states, keeper) -> Plan:
+    """The search with its best ratios on screen; the plan before the final re-ordering goes
+    to `keeper`."""
+    from rich.live import Live
+
+    from magis.commands.optimize import find_plan
+
+    start = time.perf_counter()
+    count = 0
+    with Live(
+        optimize_table(workload, 1.0, 1.0, 0, 0), console=console, refresh_per_second=4
+    ) as live:
+
+        def show(imp) -> None:
+            nonlocal count
+            count += 1
+            memory, latency = setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency)
+            elapsed = time.perf_counter() - start
+            live.update(optimize_table(workload, memory, latency, count, elapsed))
+
+        return find_plan(
+            setup,
+            time_budget=time_budget,
+            on_improvement=show,
+            max_states=max_states,
+            before_polish=keeper.keep if keeper.path is not None else None,
+        )
