@@ -595,3 +595,21 @@ def test_usage_errors_from_a_real_process_are_one_line():
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "No such option: --bogus" in one_line(res.stderr)
+
+
+# --- 7. typer pinned to the tested range -------------------------------------------------------
+
+
+def test_installed_typer_is_in_the_pinned_range():
+    """`main` relies on typer's vendored click (`typer.TyperException`) and on its turning a
+    KeyboardInterrupt into exit status 130; the pin in pyproject.toml is the tested range."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    (typer_req,) = [Requirement(d) for d in deps if Requirement(d).name == "typer"]
+    assert typer_req.specifier.contains(importlib.metadata.version("typer"))
+    assert typer_req.specifier.contains("0.29.2") and not typer_req.specifier.contains("0.30")
