@@ -158,8 +158,8 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "num_attention_heads": 4,
                             "num_key_value_heads": 2,
                         },
-                        batch=2,
-                        length=16,
+                        batch=4,
+                        length=32,
                     )
                 },
             ),
@@ -180,8 +180,8 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "num_key_value_heads": 1,
                             "tie_word_embeddings": True,
                         },
-                        batch=2,
-                        length=16,
+                        batch=4,
+                        length=32,
                     )
                 },
             ),
@@ -208,8 +208,8 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "n_layer": 2,
                             "n_head": 4,
                         },
-                        batch=2,
-                        length=16,
+                        batch=4,
+                        length=32,
                     )
                 },
             ),
@@ -237,8 +237,8 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "num_heads": 4,
                             "relative_attention_num_buckets": 8,
                         },
-                        batch=2,
-                        length=12,
+                        batch=4,
+                        length=24,
                     )
                 },
             ),
@@ -262,8 +262,8 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "num_hidden_layers": 2,
                             "num_attention_heads": 4,
                         },
-                        batch=2,
-                        length=16,
+                        batch=4,
+                        length=32,
                     )
                 },
             ),
@@ -289,7 +289,7 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "num_attention_heads": 4,
                             "num_labels": 10,
                         },
-                        batch=2,
+                        batch=8,
                         length=16,
                     )
                 },
@@ -309,7 +309,7 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "layer_type": "basic",
                             "num_labels": 10,
                         },
-                        batch=2,
+                        batch=8,
                         length=32,
                     )
                 },
@@ -329,10 +329,11 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                         {
                             "depth_multiplier": 0.1,
                             "min_depth": 4,
+                            "finegrained_output": False,
                             "image_size": 16,
                             "num_labels": 10,
                         },
-                        batch=2,
+                        batch=8,
                         length=16,
                     )
                 },
@@ -360,7 +361,7 @@ ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
                             "expand_ratio": 2.0,
                             "num_labels": 10,
                         },
-                        batch=2,
+                        batch=16,
                         length=16,
                     )
                 },
