@@ -2,6 +2,7 @@
 one-line MagisError, and nothing in them is ever executed."""
 
 import copy
+import dataclasses
 import json
 import os
 import tempfile
@@ -15,18 +16,34 @@ from torch import nn
 import magis
 from magis.backend import compile_program, generate
 from magis.backend.meta_check import check_graph
+from magis.cost import get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph, PlaceholderKind, TensorMeta
 from magis.ir.schema import GraphSchemaError
 from magis.ir.serialize import content_digest, graph_from_json, graph_to_json
+from magis.rules import SWAP, RuleContext, candidates, place_after_inputs
+from magis.sim import simulate
 
 MARKER = os.path.join(tempfile.gettempdir(), "magis-test-pwned-by-a-plan")
 RUN = f"__import__('os').system('touch {MARKER}')"
 
 
+def _with_a_swap(plan):
+    """`plan` with one value swapped out and back (Store/Load): every op kind a plan holds."""
+    ctx = RuleContext(
+        plan.graph,
+        tuple(plan.order),
+        simulate(plan.graph, plan.order, get_cost_model("rtx3090")),
+        hotspots_only=False,
+    )
+    swapped = next(candidates([SWAP], ctx)).build()
+    order = place_after_inputs(swapped.graph, plan.order, swapped.added)
+    return dataclasses.replace(plan, graph=swapped.graph, order=order)
+
+
 @pytest.fixture(scope="module")
 def plan_doc():
-    """A real plan: a small GELU MLP's step, searched for 5 states (it swaps: Store/Load ops)."""
+    """A real plan: a small GELU MLP's step, searched for 5 states, plus a swap."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -36,7 +53,7 @@ def plan_doc():
         step = magis.training_step(
             model, (x, y), loss_fn=lambda out, x, y: nn.functional.cross_entropy(out, y)
         )
-        plan = magis.optimize(step, mem_limit=0.9, max_states=5, time_budget=30)
+        plan = _with_a_swap(magis.optimize(step, mem_limit=0.9, max_states=5, time_budget=30))
     finally:
         torch.set_default_dtype(old)
     return json.loads(json.dumps(plan.to_json()))
