@@ -103,6 +103,7 @@ def test_adamw_param_groups_warmup_and_cosine_equal_eager(net):
     "kind, kw",
     [
         ("adam", {"lr": 1e-2, "weight_decay": 0.05, "betas": (0.8, 0.99)}),
+        ("adam", {"lr": 1e-2, "weight_decay": 0.05, "decoupled_weight_decay": True}),
         ("sgd", {"lr": 0.1}),
         ("sgd", {"lr": 0.1, "momentum": 0.9, "dampening": 0.3, "weight_decay": 1e-2}),
         ("sgd", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-2}),

@@ -52,10 +52,12 @@ class GroupShape:
     weight_decay: bool
     momentum: bool = False  # SGD
     nesterov: bool = False  # SGD
+    decoupled: bool = False  # Adam: AdamW's decay of the weights, not of the gradient
 
     @property
     def tag(self) -> str:
-        flags = [f for f in ("momentum", "nesterov", "weight_decay") if getattr(self, f)]
+        flags = ("momentum", "nesterov", "weight_decay", "decoupled")
+        flags = [f for f in flags if getattr(self, f)]
         return "-".join(flags) or "plain"
 
 
@@ -70,7 +72,9 @@ def group_shape(kind: Kind, group: dict) -> GroupShape:
         raise OptimizerError(
             f"{kind.value} with amsgrad=True is not supported; use it without, or {SUPPORTED}"
         )
-    return GroupShape(decay)
+    # AdamW is Adam with decoupled_weight_decay=True in its groups (torch >= 2.6)
+    decoupled = bool(group.get("decoupled_weight_decay", kind is Kind.ADAMW))
+    return GroupShape(decay, decoupled=decoupled and decay)
 
 
 def _scalar_dtype(fused: bool = False) -> torch.dtype:
@@ -94,7 +98,8 @@ class GraphOptimizer:
 
     @staticmethod
     def of(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> GraphOptimizer:
-        """The graph form of `optimizer`, whose groups hold exactly `params` (in some order)."""
+        """The graph form of `optimizer` over `params`, the trainable parameters among its
+        groups' (the step's order)."""
         kind = _TYPES.get(type(optimizer))
         if kind is None:
             raise OptimizerError(
@@ -126,9 +131,7 @@ class GraphOptimizer:
             names += ["weight_decay"] if shape.weight_decay else []
             names += ["momentum", "grad_weight"] if shape.momentum else []
             return tuple(names)
-        decay = (
-            ["decay" if self.kind is Kind.ADAMW else "weight_decay"] if shape.weight_decay else []
-        )
+        decay = (["decay" if shape.decoupled else "weight_decay"]) if shape.weight_decay else []
         return (
             *decay,
             "one_minus_beta1",
@@ -149,7 +152,7 @@ class GraphOptimizer:
             if self.kind is Kind.SGD:
                 _sgd(p, g, s, h, self.shapes[group])
             else:
-                _adam(p, g, s, h, self.shapes[group], decoupled=self.kind is Kind.ADAMW)
+                _adam(p, g, s, h, self.shapes[group])
 
     def _split(self, scalars: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         out, it = [], iter(scalars)
@@ -224,7 +227,7 @@ class GraphOptimizer:
                 values += _sgd_scalars(grp, shape, first[g])
             else:
                 step = self._next_step(optimizer, params, trained, g)
-                values += _adam_scalars(grp, shape, step, decoupled=self.kind is Kind.ADAMW)
+                values += _adam_scalars(grp, shape, step)
         return values
 
     def first_step_values(self, optimizer: torch.optim.Optimizer) -> list[float]:
@@ -234,7 +237,7 @@ class GraphOptimizer:
             if self.kind is Kind.SGD:
                 values += _sgd_scalars(grp, shape, True)
             else:
-                values += _adam_scalars(grp, shape, 1.0, decoupled=self.kind is Kind.ADAMW)
+                values += _adam_scalars(grp, shape, 1.0)
         return values
 
     def _next_step(self, optimizer, params, trained, group: int) -> float:
@@ -291,7 +294,7 @@ def _sgd(p, g, state, h, shape: GroupShape) -> None:
     p.addcmul_(g, h["neg_lr"])
 
 
-def _adam(p, g, state, h, shape: GroupShape, decoupled: bool) -> None:
+def _adam(p, g, state, h, shape: GroupShape) -> None:
     """torch.optim.Adam's `_single_tensor_adam` (AdamW: decoupled decay), tensor hyperparameters.
 
     Op for op as torch computes it, where a `value=` that must be a number is multiplied into
@@ -301,7 +304,7 @@ def _adam(p, g, state, h, shape: GroupShape, decoupled: bool) -> None:
     """
     exp_avg, exp_avg_sq = state
     if shape.weight_decay:
-        if decoupled:
+        if shape.decoupled:
             p.mul_(h["decay"])
         else:
             g = torch.addcmul(g, p, h["weight_decay"])
@@ -323,13 +326,13 @@ def _sgd_scalars(group: dict, shape: GroupShape, first: bool) -> list[float]:
     return values
 
 
-def _adam_scalars(group: dict, shape: GroupShape, step: float, decoupled: bool) -> list[float]:
+def _adam_scalars(group: dict, shape: GroupShape, step: float) -> list[float]:
     """As `_single_tensor_adam` computes them in Python from the step count."""
     lr, wd, eps = float(group["lr"]), float(group["weight_decay"]), float(group["eps"])
     beta1, beta2 = (float(b) for b in group["betas"])
     values = []
     if shape.weight_decay:
-        values.append(1 - lr * wd if decoupled else wd)
+        values.append(1 - lr * wd if shape.decoupled else wd)
     step_size = lr / (1 - beta1**step)
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5
     return [*values, 1 - beta1, beta2, 1 - beta2, bias_correction2_sqrt, eps, -step_size]
