@@ -3,7 +3,8 @@
 The text is the source of a few modules of Python's own standard library (shipped with every
 Python, nothing downloaded), read as characters. Both runs start from the same weights and see
 the same batches, with AdamW, a warm-up into a cosine learning-rate schedule and gradient
-clipping; magis's run executes a plan found under half the memory of the captured step.
+clipping; magis's run executes the plan its search found for a limit of half the captured
+step's peak (`plan.report()` says how close it came).
 
     .venv/bin/python examples/train_gpt2.py            # 300 steps each
     .venv/bin/python examples/train_gpt2.py --steps 100 --time-budget 10
