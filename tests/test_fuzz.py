@@ -175,3 +175,19 @@ def test_max_seconds_stops_early_and_says_how_many_ran():
     report = run_fuzz(10_000, seed=1, max_seconds=0.5)
     assert 0 <= report.cases < 10_000
     assert report.to_json()["cases"] == report.cases
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (0, 21, 813),  # an update kept as copy_ into a weight, read by a split's dgrad
+        (0, 72, 2845),  # group norm's backward given a non-contiguous gradient by a fission
+        (0, 118, 4683),  # the same, after swap and re-materialization
+    ],
+)
+def test_what_the_ten_thousand_case_run_found_stays_fixed(case):
+    """Reproducers of the mismatches `magis bench fuzz --cases 10000` found: each now verifies
+    (the copy_ update orders its readers first) or is refused by the meta check (group norm's
+    CPU backward computes wrong values from a non-contiguous gradient)."""
+    report = replay(*case)
+    assert not report.mismatches, report.mismatches

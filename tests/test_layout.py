@@ -1,6 +1,8 @@
 """Memory layout (ROAM §IV-B, §IV-C): tensors alive together never overlap, the exact method is
 never worse than LLFB, and a plan runs inside one arena of exactly the planned size."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -182,13 +184,28 @@ def test_checker_agrees_with_all_pairs(lt, seed):
         assert tuple(sorted((hit.first, hit.second))) in expected
 
 
-def test_checker_is_fast_on_ten_thousand_storages():
+def test_checker_passes_a_valid_layout_and_finds_one_moved_storage_among_ten_thousand():
+    """The sweep on 10k storages: LLFB's layout passes; the same layout with one storage moved
+    onto a neighbour alive at the same time is refused, naming that pair."""
     rng = np.random.default_rng(0)
     n = 10_000
     start = rng.integers(0, 20_000, n)
     lt = from_arrays(rng.integers(1, 10**6, n), start, start + rng.integers(0, 300, n), 20_300)
     layout = layout_lifetimes(lt, "llfb")
     check_layout(layout)  # LLFB on 10k storages is the slow part; the sweep takes milliseconds
+    # Two storages alive together: put the second at the first's offset.
+    a, b = next(
+        (i, j)
+        for i in range(n)
+        for j in range(i + 1, min(i + 50, n))
+        if lt.start[i] <= lt.end[j] and lt.start[j] <= lt.end[i]
+    )
+    moved = layout.offsets.copy()
+    moved[b] = moved[a]
+    overlap = find_overlap(moved, lt.size, lt.start, lt.end)
+    assert overlap is not None and {overlap.first, overlap.second} == {a, b}
+    with pytest.raises(LayoutOverlapError):
+        check_layout(dataclasses.replace(layout, offsets=moved))
 
 
 # --- layouts on random instances ---------------------------------------------------------------

@@ -166,3 +166,27 @@ def test_every_plan_on_the_channels_last_model_verifies(step, seed):
     program = compile_program(result.best.graph, list(result.best.order))
     check = verify(step, program, step.make_inputs())
     assert check.verified, f"seed {seed}: {check.worst} differs by {check.max_rel_err:.2e}"
+
+
+def test_an_update_kept_as_a_copy_runs_after_every_reader_of_the_old_weight(float64):
+    """A channels-last weight gradient makes Adam's update a `copy_` into the weight (its
+    strides differ, so capture cannot fold it into the producer). It overwrites the weight all
+    the same: a reader a rewrite adds (the split's dgrad convolution reads the weight) must run
+    before it under any order a scheduler picks (found by `magis bench fuzz`)."""
+    from magis.rules.taso.conv import split_conv_backward
+    from magis.schedule import schedule
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 1))
+    x = torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last)
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean(), optimizer="adam")
+    g = step.graph
+    copies = [n for n in g.ops() if g.node(n).op == "aten.copy_.default"]
+    assert copies and all(g.overwritten_placeholder(n) is not None for n in copies)
+    backward = [n for n in g.ops() if g.node(n).op == "aten.convolution_backward.default"]
+    split = split_conv_backward(g, backward)
+    inputs = step.make_inputs()
+    for order in (schedule(split.graph, "dp").order, split.graph.topological_order()):
+        program = compile_program(split.graph, list(order))
+        check = verify(step, program, inputs)
+        assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"

@@ -218,8 +218,8 @@ class MetaChecker:
                 if node.is_placeholder:
                     continue
                 checked += 1
-                if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
-                    error = "reads the strides of an input whose strides the rewrite changed"
+                error = _layout_hazard(graph, node, restrided)
+                if error:
                     mismatches.append(
                         MetaMismatch(nid, node.name, node.op, None, None, None, error)
                     )
@@ -284,6 +284,22 @@ def _signature(graph: Graph, value):
 
 # Ops whose result depends on their input's strides, not only on its values.
 _STRIDE_READERS = frozenset({"aten.as_strided.default", "aten.as_strided_scatter.default"})
+# Kernels that compute wrong values from a non-contiguous input (PyTorch 2.13, CPU: group
+# norm's backward on a non-contiguous output gradient is off by whole units; found by
+# `magis bench fuzz` after a fission concatenated a gradient along a non-leading dim).
+_CONTIGUOUS_ONLY = frozenset({"aten.native_group_norm_backward.default"})
+
+
+def _layout_hazard(graph: Graph, node, restrided: set[int]) -> str:
+    """Why `node` cannot take its inputs' layouts after a rewrite ('' when it can)."""
+    if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
+        return "reads the strides of an input whose strides the rewrite changed"
+    if node.op in _CONTIGUOUS_ONLY:
+        for ref in node.inputs:
+            meta = graph.meta(ref)
+            if significant_strides(meta) != significant_strides(replace(meta, strides=None)):
+                return "its kernel computes wrong values from a non-contiguous input"
+    return ""
 
 
 def check_graph(graph: Graph, checker: MetaChecker | None = None) -> MetaReport:

@@ -205,9 +205,9 @@ def order_writes_after_readers(graph: Graph) -> None:
     storages = graph.storages()
     writers: dict[Ref, int] = {}
     for nid in graph.program_order():
-        node = graph.node(nid)
-        if node.writes_into is not None:
-            writers[storages.storage_of(node.writes_into)] = nid
+        written = graph.overwritten_placeholder(nid)
+        if written is not None:
+            writers[storages.storage_of(Ref(written))] = nid
     if not writers:
         return
     new_values = {Ref(w, 0) for w in writers.values()}

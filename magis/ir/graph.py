@@ -24,6 +24,9 @@ from magis.ir.ops import DEFAULT_REGISTRY, LOAD_OP, STORE_OP, OpInfo, OpRegistry
 from magis.ir.storage import StorageMap
 from magis.ir.tensor import TensorMeta
 
+# An update capture keeps as a copy into the parameter (see `Graph.overwritten_placeholder`).
+IN_PLACE_COPY = "aten.copy_.default"
+
 __all__ = [
     "DerivedKey",
     "Graph",
@@ -151,10 +154,24 @@ class Graph:
                 return ref
             ref = next(refs_in(node.args))
 
-    def _insert(self, node: Node) -> int:
+    def overwritten_placeholder(self, nid: int) -> int | None:
+        """The placeholder whose storage node `nid` overwrites in place: its `writes_into`, or
+        the destination of an in-place copy (an update capture keeps as `copy_` because its
+        strides differ from the parameter's). Every reader of the old value runs first."""
+        node = self._nodes[nid]
         if node.writes_into is not None:
-            self._writers[node.writes_into.node] = node.id
+            return node.writes_into.node
+        if node.op == IN_PLACE_COPY and node.args and isinstance(node.args[0], Ref):
+            root = self._alias_root(node.args[0])
+            if self._nodes[root.node].is_placeholder:
+                return root.node
+        return None
+
+    def _insert(self, node: Node) -> int:
         self._nodes[node.id] = node
+        written = self.overwritten_placeholder(node.id)
+        if written is not None:
+            self._writers[written] = node.id
         self._index[node.id] = self._dag.add_node(node.id)
         self._next_id = max(self._next_id, node.id) + 1
         self._invalidate()
@@ -259,10 +276,11 @@ class Graph:
             raise GraphError(f"cannot remove {self._nodes[nid].name}: it still has users")
         if any(r.node == nid for r in self._outputs):
             raise GraphError(f"cannot remove {self._nodes[nid].name}: it is a graph output")
+        written = self.overwritten_placeholder(nid)
         self._dag.remove_node(self._index.pop(nid))
-        removed = self._nodes.pop(nid)
-        if removed.writes_into is not None and self._writers.get(removed.writes_into.node) == nid:
-            del self._writers[removed.writes_into.node]
+        self._nodes.pop(nid)
+        if written is not None and self._writers.get(written) == nid:
+            del self._writers[written]
         self._control.pop(nid, None)
         for deps in self._control.values():
             deps.discard(nid)
