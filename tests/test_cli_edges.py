@@ -613,3 +613,35 @@ def test_installed_typer_is_in_the_pinned_range():
     (typer_req,) = [Requirement(d) for d in deps if Requirement(d).name == "typer"]
     assert typer_req.specifier.contains(importlib.metadata.version("typer"))
     assert typer_req.specifier.contains("0.29.2") and not typer_req.specifier.contains("0.30")
+
+
+def test_deferred_interrupt_holds_ctrl_c_until_the_block_is_done():
+    from magis.commands.shared import deferred_interrupt
+
+    handler, done = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt), deferred_interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the signal is delivered here, and only remembered
+        done.append(1)
+    assert done == [1] and signal.getsignal(signal.SIGINT) is handler
+    with deferred_interrupt():  # no signal: nothing raised
+        done.append(2)
+    errors = []
+
+    def elsewhere():  # outside the main thread nothing can be deferred, and nothing breaks
+        try:
+            with deferred_interrupt():
+                done.append(3)
+        except Exception as exc:  # noqa: BLE001 - recorded for the assert
+            errors.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert done == [1, 2, 3] and errors == []
+
+
+@pytest.mark.parametrize("args", [[], ["bench"]])
+def test_no_arguments_shows_the_help_and_no_error_line(capsys, args):
+    code, out, err = invoke(capsys, *args)
+    assert code == 2 and "Usage: " in out and "COMMAND" in out and "error" not in err

@@ -299,22 +299,23 @@ def _run_app(argv: list[str] | None, options: CliOptions) -> Any:
         return app(args=argv, standalone_mode=False, obj=options)
     except Interrupted as exc:
         err_console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
-        sys.exit(ExitCode.INTERRUPTED)
+        sys.exit(int(ExitCode.INTERRUPTED))
     except (typer.Abort, KeyboardInterrupt):  # Ctrl-C outside a command (typer's own code)
         err_console.print("interrupted")
-        sys.exit(ExitCode.INTERRUPTED)
+        sys.exit(int(ExitCode.INTERRUPTED))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except MagisError as exc:
         if options.debug:
             raise
         _error_line(str(exc))
-        sys.exit(exit_code_of(exc))
+        sys.exit(int(exit_code_of(exc)))
     except typer.TyperException as exc:  # click's usage errors (typer vendors click)
         if options.debug:
             raise
-        _error_line(_usage_message(exc))
-        sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
+        if _usage_message(exc):  # empty when the help was shown instead (no arguments)
+            _error_line(_usage_message(exc))
+        sys.exit(int(getattr(exc, "exit_code", ExitCode.USAGE)))
     except Exception as exc:  # a bug: one line, and the traceback with --debug
         if options.debug:
             raise
@@ -322,7 +323,7 @@ def _run_app(argv: list[str] | None, options: CliOptions) -> Any:
             f"internal error: {type(exc).__name__}: {_first_line(exc)} "
             "(magis --debug ... shows the traceback)"
         )
-        sys.exit(ExitCode.ERROR)
+        sys.exit(int(ExitCode.ERROR))
 
 
 def _error_line(message: str) -> None:
@@ -338,7 +339,7 @@ def _first_line(message: object) -> str:
 
 def _usage_message(exc: Exception) -> str:
     """A click usage error as one line, with the command whose --help lists the options."""
-    text = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    text = _first_line(exc.format_message() if hasattr(exc, "format_message") else exc)
     ctx = getattr(exc, "ctx", None)
-    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-    return f"{_first_line(text)}{where}"
+    where = f" (see {ctx.command_path} --help)" if ctx is not None and text else ""
+    return f"{text}{where}"

@@ -114,6 +114,10 @@ def deferred_interrupt() -> Iterator[None]:
     except ValueError:  # not the main thread: nothing can be deferred
         yield
         return
+    if previous is signal.SIG_IGN:  # a process told to ignore Ctrl-C keeps ignoring it
+        signal.signal(signal.SIGINT, previous)
+        yield
+        return
     try:
         yield
     finally:
