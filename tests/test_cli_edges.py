@@ -349,7 +349,14 @@ def polish(self, state):
     say("POLISHING")
     time.sleep(float(sys.argv[1]))
     return real_polish(self, state)
+from magis.search.optimizer import _Search
+real_expand, expanded = _Search.expand, []
+def expand(self, *a):
+    if not expanded:
+        expanded.append(say("EXPANDING"))
+    return real_expand(self, *a)
 command.workload_step, command.optimize_graph, Evaluator.polish = capture, search, polish
+_Search.expand = expand
 from magis.cli import main
 main(sys.argv[2:])
 """
@@ -419,8 +426,8 @@ def test_sigint_during_the_search_then_again_during_the_final_reordering(tmp_pat
         tmp_path, 60, "optimize", "bert-base:tiny", "--mem-limit", "0.6",
         "--time-budget", "600", "--save", str(plan),
     )  # fmt: skip
-    run.wait_for("SEARCHING")
-    time.sleep(3.0)
+    run.wait_for("EXPANDING")
+    time.sleep(2.0)
     run.interrupt()  # the search stops, saves its best plan, then re-orders it
     run.wait_for("POLISHING")
     run.interrupt()  # the re-ordering is cut short: the plan saved before it stays
