@@ -61,3 +61,35 @@ def test_sgd_update_writes_into_the_parameter(mlp_step_factory):
     step = mlp_step_factory("sgd")
     source = generate(step.graph, step.graph.program_order())
     assert "aten.sub.out(net_0_weight, " in source and "out=net_0_weight)" in source
+
+
+def test_relative_error_never_lets_a_nan_pass():
+    """NaN where eager has a number (or the reverse) is a difference, wherever it falls; NaN
+    in the same places as eager is compared on the rest (found by `magis bench fuzz`: NaN
+    compared false and a NaN-only difference verified)."""
+    from magis.backend.executor import relative_error
+
+    x = torch.tensor([1.0, 2.0, float("nan")], dtype=torch.float64)
+    assert relative_error(x, x.clone()) == 0.0
+    assert relative_error(
+        torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([1.0, 2.0, 3.0])
+    ) == float("inf")
+    assert relative_error(torch.tensor([float("nan"), 2.0]), torch.tensor([1.0, 2.0])) == float(
+        "inf"
+    )
+    assert relative_error(torch.tensor([1.0, 2.5, float("nan")]), x) > 0.1
+    inf = torch.tensor([float("inf"), 1.0])
+    assert relative_error(inf, inf.clone()) == 0.0
+    assert relative_error(-inf, inf) == float("inf")
+
+
+def test_optimizer_state_inputs_are_non_negative(mlp_step_factory):
+    """Adam's second moment as drawn for verification is never negative (its square root would
+    be NaN in eager and program alike)."""
+    from magis.ir import PlaceholderKind
+
+    step = mlp_step_factory("adam")
+    inputs = step.make_inputs()
+    kinds = [step.graph.node(p).placeholder_kind for p in step.graph.placeholders()]
+    states = [t for t, k in zip(inputs, kinds, strict=False) if k is PlaceholderKind.OPT_STATE]
+    assert states and all(bool((t >= 0).all()) for t in states)

@@ -67,7 +67,12 @@ class Step:
         for i, nid in enumerate(self.graph.placeholders()[: len(self.input_names)]):
             meta = self.graph.node(nid).outputs[0]
             example = self.example_inputs[i] if i < len(self.example_inputs) else None
-            tensors.append(_real_like(meta, example, dtype, gen))
+            tensor = _real_like(meta, example, dtype, gen)
+            if self.graph.node(nid).placeholder_kind is PlaceholderKind.OPT_STATE:
+                # Adam's second moment is a running mean of squares: a negative one would make
+                # its square root NaN in eager and program alike, and hide any difference.
+                tensor = tensor.abs()
+            tensors.append(tensor)
         return tensors
 
 
