@@ -39,14 +39,15 @@ import torch
 from torch import nn
 
 from magis.capture.trace import Step, capture_training, loss_of
+from magis.commands.optimize import optimize
 from magis.errors import MagisError, PlanError
 from magis.ir import Graph
+from magis.plan import Plan
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
 from magis.train.step import BatchError, BatchSpec, TrainStep
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
-    from magis.plan import Plan
 
 
 class CompileError(MagisError):
@@ -242,13 +243,11 @@ def _first_values(rule, optimizer) -> list[float]:
 
 
 def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -> Plan:
-    import magis
-
     if plan is not None:
-        chosen = plan if isinstance(plan, magis.Plan) else magis.Plan.load(plan)
+        chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
         check_plan_fits(chosen, step)
         return chosen
-    return magis.optimize(
+    return optimize(
         step,
         mem_limit=mem_limit,
         lat_limit=lat_limit,
