@@ -39,3 +39,26 @@ def mlp_step_factory(float64):
         return training_step(model, (x, y), loss_fn=mlp_loss, optimizer=optimizer)
 
     return make
+
+
+@pytest.fixture
+def magis_cli():
+    """Run the `magis` command in a subprocess (a wide terminal, so tables do not wrap); the
+    CompletedProcess, text mode. For exit codes, signals and what a user's shell would see."""
+    import os
+    import subprocess
+    import sys
+
+    def run(
+        *args: str, env: dict | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
+        return subprocess.run(
+            [sys.executable, "-m", "magis", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+        )
+
+    return run

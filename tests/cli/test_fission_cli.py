@@ -1,9 +1,6 @@
 """`magis analyze --ftree`, `magis run --fission`, and fission alone (MAGIS §4, §5.1)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,16 +14,9 @@ from magis.rules import materialize
 from magis.sim import simulate
 
 
-def magis(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "magis", *args], capture_output=True, text=True, env=env, timeout=300
-    )
-
-
-def test_analyze_ftree_prints_and_writes_the_nodes(tmp_path):
+def test_analyze_ftree_prints_and_writes_the_nodes(magis_cli, tmp_path):
     out = tmp_path / "a.json"
-    res = magis("analyze", "bert-base:tiny", "--ftree", "--json", str(out))
+    res = magis_cli("analyze", "bert-base:tiny", "--ftree", "--json", str(out))
     assert res.returncode == 0, res.stderr
     assert "F-Tree" in res.stdout
     rows = json.loads(out.read_text())["ftree"]
@@ -34,21 +24,23 @@ def test_analyze_ftree_prints_and_writes_the_nodes(tmp_path):
     assert all(r["n"] == 1 and r["length"] % 2 == 0 for r in rows)
 
 
-def test_run_fission_verifies_and_reports_the_nodes(tmp_path):
+def test_run_fission_verifies_and_reports_the_nodes(magis_cli, tmp_path):
     out = tmp_path / "r.json"
-    res = magis("run", "bert-base:tiny", "--fission", "0,10", "--parts", "2", "--json", str(out))
+    res = magis_cli(
+        "run", "bert-base:tiny", "--fission", "0,10", "--parts", "2", "--json", str(out)
+    )
     assert res.returncode == 0, res.stderr
     rep = json.loads(out.read_text())
     assert rep["verified"] and rep["peak_error"] <= 0.05
     assert [(f["index"], f["n"]) for f in rep["fission"]] == [(0, 2), (10, 2)]
 
 
-def test_run_fission_errors_are_one_line():
+def test_run_fission_errors_are_one_line(magis_cli):
     for fission, parts, words in (([999], 2, "no F-Tree node 999"), ([0], 3, "must divide")):
         with pytest.raises(MagisError, match=words) as exc:
             run("bert-base:tiny", "rtx3090", fission=fission, parts=parts)
         assert "\n" not in str(exc.value)
-    res = magis("run", "bert-base:tiny", "--fission", "a,b")
+    res = magis_cli("run", "bert-base:tiny", "--fission", "a,b")
     assert res.returncode == 1 and "F-Tree node numbers" in res.stderr
     assert "Traceback" not in res.stderr
 

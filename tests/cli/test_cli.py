@@ -2,7 +2,6 @@
 command functions behind it (`magis.commands`), and no process-wide state left behind."""
 
 import json
-import os
 import subprocess
 import sys
 import warnings
@@ -17,35 +16,24 @@ from magis.commands.workloads import workloads
 from magis.cost import get_cost_model
 
 
-def magis(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "magis", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=300,
-    )
-
-
-def test_unknown_workload_is_one_line_error():
-    res = magis("analyze", "resnet-51")
+def test_unknown_workload_is_one_line_error(magis_cli):
+    res = magis_cli("analyze", "resnet-51")
     assert res.returncode == 1
     assert "Traceback" not in res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "unknown workload" in lines[0] and "magis workloads" in lines[0]
 
 
-def test_unknown_hardware_is_one_line_error():
-    res = magis("analyze", "bert-base:tiny", "--hardware", "tpu9")
+def test_unknown_hardware_is_one_line_error(magis_cli):
+    res = magis_cli("analyze", "bert-base:tiny", "--hardware", "tpu9")
     assert (
         res.returncode == 1 and "unknown hardware" in res.stderr and "Traceback" not in res.stderr
     )
 
 
-def test_analyze_json_fields(tmp_path):
+def test_analyze_json_fields(magis_cli, tmp_path):
     out = tmp_path / "a.json"
-    res = magis("analyze", "bert-base:tiny", "--json", str(out))
+    res = magis_cli("analyze", "bert-base:tiny", "--json", str(out))
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     for key in (
@@ -63,7 +51,7 @@ def test_analyze_json_fields(tmp_path):
 
 
 @pytest.mark.parametrize("cache", ["corrupt", "unwritable"])
-def test_run_with_broken_cache_warns_and_verifies(tmp_path, cache):
+def test_run_with_broken_cache_warns_and_verifies(magis_cli, tmp_path, cache):
     if cache == "corrupt":
         path = tmp_path / "ops.sqlite"
         path.write_bytes(b"this is not a database" * 100)
@@ -72,7 +60,7 @@ def test_run_with_broken_cache_warns_and_verifies(tmp_path, cache):
         blocker.write_text("x")
         path = blocker / "ops.sqlite"  # parent is a regular file: cannot be created
     out = tmp_path / "run.json"
-    res = magis("run", "bert-base:tiny", "--json", str(out), env={"MAGIS_CACHE": str(path)})
+    res = magis_cli("run", "bert-base:tiny", "--json", str(out), env={"MAGIS_CACHE": str(path)})
     assert res.returncode == 0, res.stderr
     assert "warning" in res.stderr.lower()
     data = json.loads(out.read_text())
@@ -105,8 +93,8 @@ def test_capture_error_from_cli_api_is_one_line(tmp_path):
     assert "Traceback" not in res.stderr and "reads a tensor's value" in res.stderr
 
 
-def test_debug_shows_the_traceback():
-    res = magis("--debug", "analyze", "resnet-51")
+def test_debug_shows_the_traceback(magis_cli):
+    res = magis_cli("--debug", "analyze", "resnet-51")
     assert (
         res.returncode != 0 and "Traceback" in res.stderr and "UnknownWorkloadError" in res.stderr
     )

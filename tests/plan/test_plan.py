@@ -3,9 +3,6 @@ run loop."""
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -219,27 +216,15 @@ def test_cli_save_writes_the_plan_and_run_verifies_it(tmp_path, monkeypatch, cap
     assert "deprecated" not in capsys.readouterr().err
 
 
-def test_cli_optimize_then_run_the_plan(tmp_path):
-    env = {**os.environ, "COLUMNS": "200", "MAGIS_CACHE": str(tmp_path / "ops.sqlite")}
+def test_cli_optimize_then_run_the_plan(magis_cli, tmp_path):
+    env = {"MAGIS_CACHE": str(tmp_path / "ops.sqlite")}
     plan, report = tmp_path / "p.json", tmp_path / "o.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "magis",
-        "optimize",
-        "bert-base:tiny",
-        "--mem-limit",
-        "0.95",
-        "--time-budget",
-        "120",
-        "--max-states",
-        "30",
-        "--plan",  # the deprecated name of --save still works
-        str(plan),
-        "--json",
-        str(report),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    res = magis_cli(
+        "optimize", "bert-base:tiny", "--mem-limit", "0.95", "--time-budget", "120",
+        "--max-states", "30",
+        "--plan", str(plan),  # the deprecated name of --save still works
+        "--json", str(report), env=env,
+    )  # fmt: skip
     assert res.returncode in (0, 3), res.stderr
     assert "--plan is deprecated: use --save" in res.stderr
     info = json.loads(report.read_text())
@@ -255,23 +240,7 @@ def test_cli_optimize_then_run_the_plan(tmp_path):
     ):
         assert key in info
     out = tmp_path / "r.json"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "magis",
-            "run",
-            "bert-base:tiny",
-            "--plan",
-            str(plan),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    res = magis_cli("run", "bert-base:tiny", "--plan", str(plan), "--json", str(out), env=env)
     assert res.returncode == 0, res.stderr
     ran = json.loads(out.read_text())
     assert ran["verified"] and ran["peak_error"] <= 0.05

@@ -615,7 +615,7 @@ def test_installed_typer_is_in_the_pinned_range():
 
     from packaging.requirements import Requirement
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     (typer_req,) = [Requirement(d) for d in deps if Requirement(d).name == "typer"]
     assert typer_req.specifier.contains(importlib.metadata.version("typer"))
