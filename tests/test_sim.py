@@ -80,3 +80,157 @@ def test_order_changes_the_peak():
     assert program.peak_bytes == 4 + 8000 + 4
     assert better.peak_bytes == 4 + 4000 + 4 + 4
     assert np.argmax(program.timeline) == program.peak_step
+
+
+# --- incremental facts: a child's, derived from its parent's, equal a build from scratch ------
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+from magis.backend.meta_check import MetaChecker  # noqa: E402
+from magis.capture import workload_step  # noqa: E402
+from magis.cost import get_cost_model  # noqa: E402
+from magis.ir import StorageMap  # noqa: E402
+from magis.rules import (  # noqa: E402
+    COMPACT,
+    DECOMPACT,
+    DEREMAT,
+    DESWAP,
+    REMAT,
+    SWAP,
+    TASO_RULES,
+    RuleContext,
+    candidates,
+)
+from magis.schedule.swaps import time_swaps  # noqa: E402
+from magis.search.reschedule import reschedule  # noqa: E402
+from magis.sim import derive_facts, node_times, tables  # noqa: E402
+from magis.sim.simulator import two_stream_makespan  # noqa: E402
+from magis.sim.tables import _build  # noqa: E402
+
+RULES = [*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT]
+
+
+def _pairs(t) -> list[tuple[int, int]]:
+    return sorted(zip(t.reader_storage.tolist(), t.reader_node.tolist(), strict=True))
+
+
+def _same_tables(a, b) -> None:
+    assert list(a.storages) == list(b.storages)  # same rows in the same order
+    for name in ("keys", "nbytes", "host_bytes", "producer", "is_output"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert _pairs(a) == _pairs(b)
+    assert (a.resident_bytes, a.resident_by_kind) == (b.resident_bytes, b.resident_by_kind)
+    assert a.copy_nodes == b.copy_nodes
+
+
+def _same_sim(a, b) -> None:
+    assert (a.peak_bytes, a.latency_s, a.peak_step) == (b.peak_bytes, b.latency_s, b.peak_step)
+    assert (a.compute_s, a.copy_s, a.host_peak_bytes) == (b.compute_s, b.copy_s, b.host_peak_bytes)
+    assert np.array_equal(a.timeline, b.timeline)
+    assert sorted((h.storage, h.nbytes) for h in a.hotspots) == sorted(
+        (h.storage, h.nbytes) for h in b.hotspots
+    )
+
+
+def _search_children(workload: str, rounds: int, seed: int):
+    """(parent, its order, rewrite, child's restrided nodes) along a random line of rewrites
+    from real rules, each child checked on fake tensors as the search does."""
+    _, step = workload_step(workload)
+    cost = get_cost_model("rtx3090")
+    checker = MetaChecker()
+    rng = random.Random(seed)
+    graph, order = step.graph, list(step.graph.program_order())
+    for _ in range(rounds):
+        ctx = RuleContext(graph, tuple(order), simulate(graph, order, cost), hotspots_only=False)
+        kept = []
+        for rw in candidates(RULES, ctx):
+            res = rw.build()
+            report = checker.derive(res.graph, res.touched)
+            if report.ok:
+                yield graph, order, res, report.restrided
+                kept.append(res)
+        if not kept:
+            return
+        res = rng.choice(kept)
+        order = reschedule(graph, order, res, cost)
+        graph = res.graph
+
+
+@pytest.mark.parametrize(
+    "workload", ["bert-base:tiny", "resnet50:tiny", "gpt-neo-1.3b:tiny", "unet:tiny"]
+)
+def test_facts_derived_from_the_parent_equal_a_fresh_build(workload):
+    """derive_facts (storages, tables, node times) on rewrites from every rule, along a random
+    line of them: equal to what a build from scratch gives, and so is the simulation."""
+    cost = get_cost_model("rtx3090")
+    checked = 0
+    for parent, order, res, restrided in _search_children(workload, rounds=3, seed=len(workload)):
+        child = res.graph
+        derive_facts(parent, child, res.added, res.changed | restrided, res.removed, cost)
+        fresh = child.copy()  # no derived facts: every one built from scratch
+        _same_tables(tables(child), _build(child))
+        smap, full = child.storages(), StorageMap.build(fresh)
+        assert smap.nbytes == full.nbytes and smap.base == full.base
+        assert {s: set(r) for s, r in smap.readers.items()} == {
+            s: set(r) for s, r in full.readers.items()
+        }
+        assert (smap.outputs, smap.host) == (full.outputs, full.host)
+        ids = list(child.nodes)
+        fresh_cost = get_cost_model("rtx3090")
+        assert np.array_equal(node_times(child, cost)[ids], fresh_cost.node_times(fresh)[ids])
+        child_order = reschedule(parent, order, res, cost)
+        _same_sim(simulate(child, child_order, cost), simulate(fresh, child_order, fresh_cost))
+        checked += 1
+    assert checked >= 20
+
+
+def _makespan_node_by_node(graph, order, times, copies) -> float:
+    """The two-stream walk, one node at a time (the reference)."""
+    finish: dict[int, float] = {}
+    compute_free = copy_free = issued = 0.0
+    for nid in order:
+        ready = max((finish[p] for p in graph.predecessors(nid)), default=0.0)
+        if nid in copies:
+            start = max(ready, copy_free, issued)
+            finish[nid] = copy_free = start + float(times[nid])
+        else:
+            start = issued = max(ready, compute_free)
+            finish[nid] = compute_free = start + float(times[nid])
+    return max(finish.values(), default=0.0)
+
+
+def _random_topological_order(graph, rng) -> list[int]:
+    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
+    ready = [n for n, d in indegree.items() if d == 0]
+    order = []
+    while ready:
+        n = ready.pop(rng.randrange(len(ready)))
+        order.append(n)
+        for s in graph.successors(n):
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                ready.append(s)
+    return order
+
+
+def test_two_stream_makespan_equals_the_node_by_node_walk():
+    """Swapped graphs (Store/Load on the copy stream), in the search's order and in random
+    topological orders: the run-by-run makespan is the node-by-node one, to the last bit."""
+    cost = get_cost_model("rtx3090")
+    rng = random.Random(0)
+    swapped = 0
+    for parent, order, res, _ in _search_children("bert-base:tiny", rounds=2, seed=1):
+        child = res.graph
+        copies = child.copy_nodes()
+        if not copies:
+            continue
+        swapped += 1
+        times = cost.node_times(child)
+        orders = [time_swaps(child, reschedule(parent, order, res, cost), cost)]
+        orders += [_random_topological_order(child, rng) for _ in range(3)]
+        for o in orders:
+            got = two_stream_makespan(child, np.asarray(o, dtype=np.int64), times, copies)
+            assert got == _makespan_node_by_node(child, o, times, copies)
+    assert swapped >= 3

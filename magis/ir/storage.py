@@ -95,7 +95,20 @@ class StorageMap:
         removed: set[int],
     ) -> StorageMap:
         """`StorageMap.build(graph)`, computed from `old` (the parent's map) for a rewrite that
-        added, re-wired and removed the given nodes (see `derive_storages`).
+        added, re-wired and removed the given nodes (see `derive_storages`)."""
+        return StorageMap.update_tracked(old, parent, graph, added, changed, removed)[0]
+
+    @staticmethod
+    def update_tracked(
+        old: StorageMap,
+        parent: GraphLike,
+        graph: GraphLike,
+        added: set[int],
+        changed: set[int],
+        removed: set[int],
+    ) -> tuple[StorageMap, StorageChanges]:
+        """`update`, and which storages it dropped, appended and edited (what a table derived
+        from the map, the simulator's, must redo).
 
         A node's storage can only move if it aliases (a view, an in-place write) a value whose
         storage moved, so the nodes re-resolved are the touched ones and their aliasing
@@ -108,16 +121,21 @@ class StorageMap:
         nbytes = dict(old.nbytes)
         readers = dict(old.readers)
         host = set(old.host)
+        edited: set[Ref] = set()
+        dropped: set[Ref] = set()  # every one was in the old map: nothing is dropped twice
+        appended: list[Ref] = []
         for n in (reread | removed) & parent.nodes.keys():
             for s in {old.base[r] for r in parent.node(n).inputs}:
                 if s in readers:
                     readers[s] = [x for x in readers[s] if x != n]
+                    edited.add(s)
         for n in (dirty | removed) & parent.nodes.keys():
             for i in range(len(parent.node(n).outputs)):
                 ref = Ref(n, i)
                 base.pop(ref, None)
                 if n in removed or ref not in old.nbytes:
-                    nbytes.pop(ref, None)
+                    if nbytes.pop(ref, None) is not None:
+                        dropped.add(ref)
                     readers.pop(ref, None)
                     host.discard(ref)
         for n in _topological(graph, dirty):
@@ -128,10 +146,15 @@ class StorageMap:
                 ref = Ref(n, i)
                 if aliased is not None:
                     base[ref] = base[aliased]
-                    nbytes.pop(ref, None)
+                    if nbytes.pop(ref, None) is not None:
+                        dropped.add(ref)
                     readers.pop(ref, None)
                     continue
                 base[ref] = ref
+                if ref in nbytes:
+                    edited.add(ref)
+                else:
+                    appended.append(ref)
                 nbytes[ref] = meta.nbytes
                 readers.setdefault(ref, [])
                 if info.host_output:
@@ -139,8 +162,15 @@ class StorageMap:
         for n in reread:
             for s in {base[r] for r in nodes[n].inputs}:
                 readers[s] = [*readers[s], n]
+                edited.add(s)
         outs = frozenset(base[r] for r in graph.outputs)
-        return StorageMap(base, nbytes, readers, old.resident, outs, frozenset(host))
+        smap = StorageMap(base, nbytes, readers, old.resident, outs, frozenset(host))
+        changes = StorageChanges(
+            frozenset(dropped),
+            tuple(appended),
+            frozenset(s for s in edited if s in nbytes and s not in dropped and s in old.nbytes),
+        )
+        return smap, changes
 
     def storage_of(self, ref: Ref) -> Ref:
         return self.base[ref]
@@ -150,6 +180,17 @@ class StorageMap:
         return [
             Ref(nid, i) for i in range(len(graph.node(nid).outputs)) if Ref(nid, i) in self.nbytes
         ]
+
+
+@dataclass(frozen=True)
+class StorageChanges:
+    """How `StorageMap.update_tracked` changed a map: storages `dropped` (in the old map, not
+    the new), `appended` (new, in the order the new map lists them: after every kept one), and
+    `edited` (in both, with readers or size possibly changed). Kept storages keep their order."""
+
+    dropped: frozenset[Ref]
+    appended: tuple[Ref, ...]
+    edited: frozenset[Ref]
 
 
 def _aliasing_closure(graph: GraphLike, start: set[int], lookup) -> set[int]:

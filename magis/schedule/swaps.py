@@ -12,17 +12,20 @@ from __future__ import annotations
 from magis.cost import CostModel
 from magis.ir import Graph
 from magis.ir.ops import LOAD_OP, STORE_OP
+from magis.sim import node_times, tables
 
 
 def time_swaps(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) -> list[int]:
     order = list(order)
-    stores = [n for n in order if graph.node(n).op == STORE_OP]
-    loads = [n for n in order if graph.node(n).op == LOAD_OP]
+    copies = tables(graph).copy_nodes
+    moved = [n for n in order if n in copies]
+    stores = [n for n in moved if graph.node(n).op == STORE_OP]
+    loads = [n for n in moved if graph.node(n).op == LOAD_OP]
     for s in stores:
         order.remove(s)
         producer_pos = max(order.index(p) for p in graph.predecessors(s))
         order.insert(producer_pos + 1, s)
-    times = cost.node_times(graph)
+    times = node_times(graph, cost)
     for ld in loads:
         order.remove(ld)
         order.insert(_hidden_position(graph, order, ld, times, cost.op_time(graph, ld)), ld)
@@ -30,8 +33,7 @@ def time_swaps(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel
 
 
 def _hidden_position(graph: Graph, order: list[int], load: int, times, transfer: float) -> int:
-    users = set(graph.successors(load))
-    first_user = min(i for i, n in enumerate(order) if n in users)
+    first_user = min(order.index(u) for u in graph.successors(load))
     floor = max(order.index(p) for p in graph.predecessors(load)) + 1
     covered, at = 0.0, first_user
     while at > floor and covered < transfer:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from magis.backend.meta_check import MetaChecker, MetaReport
 from magis.cost import CostModel
 from magis.errors import MagisError
-from magis.ir import Graph, derive_storages
+from magis.ir import Graph
 from magis.rules import Rewrite, Rewritten, Rule, RuleContext
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
@@ -26,7 +26,7 @@ from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
 from magis.search.state import MState
-from magis.sim import SimResult, simulate
+from magis.sim import SimResult, derive_facts, simulate
 
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
 
@@ -176,29 +176,30 @@ class Evaluator:
         metas = self.derive_metas(result.graph, result.touched)
         if metas is None:
             return None
-        # Storage bookkeeping from the parent's, not rebuilt: rules, scheduler and simulator
-        # read it.
-        storages = self.timed(
-            "simulate",
-            derive_storages,
-            state.graph,
-            result.graph,
-            result.added,
-            result.changed | metas.restrided,
-            result.removed,
-        )
-        result.graph.set_storages(storages)
+        changed = result.changed | metas.restrided
         h = self.timed(
             "hash",
             wl_hash_incremental,
             state.hash,
             state.graph,
             result.graph,
-            result.touched | metas.restrided,
+            result.added | changed,
             result.removed,
         )
         if not self.is_new(h.value):
             return None
+        # Storages, the simulator's tables and node times from the parent's, not rebuilt:
+        # rules, scheduler and simulator read them.
+        self.timed(
+            "simulate",
+            derive_facts,
+            state.graph,
+            result.graph,
+            result.added,
+            changed,
+            result.removed,
+            self.cost,
+        )
         order = self.timed("schedule", reschedule, state.graph, state.order, result, self.cost)
         sim = self.simulate(result.graph, order)
         return MState(

@@ -18,6 +18,7 @@ from magis.ir import Graph
 from magis.rules import Rewritten
 from magis.schedule import incremental_schedule
 from magis.schedule.swaps import time_swaps
+from magis.sim import tables
 
 
 def reschedule(
@@ -29,7 +30,7 @@ def reschedule(
     if order is None:
         touched = _touched_old_nodes(old, result)
         order = list(incremental_schedule(old, tuple(old_order), result.graph, touched).order)
-    if result.graph.copy_nodes():
+    if tables(result.graph).copy_nodes:
         order = time_swaps(result.graph, order, cost)
     return order
 
@@ -50,14 +51,22 @@ def order_without_solving(old_order: Sequence[int], result: Rewritten) -> list[i
         return _place_in_place_of(old_order, result)
     if result.added:
         return None
-    order = [n for n in old_order if n not in result.removed]
+    order = _without(old_order, result.removed)
     return order if _valid_around(result.graph, order, result.changed) else None
+
+
+def _without(order: Sequence[int], removed: frozenset[int]) -> list[int]:
+    return [n for n in order if n not in removed] if removed else list(order)
+
+
+def _positions(order: Sequence[int]) -> dict[int, int]:
+    return dict(zip(order, range(len(order)), strict=True))
 
 
 def _valid_around(graph: Graph, order: list[int], nodes: Iterable[int]) -> bool:
     """Whether `order` runs each of `nodes` after its predecessors and before its successors
     (enough when only these nodes' edges changed)."""
-    pos = {n: i for i, n in enumerate(order)}
+    pos = _positions(order)
     return all(
         all(pos[p] < pos[n] for p in graph.predecessors(n))
         and all(pos[x] > pos[n] for x in graph.successors(n))
@@ -69,7 +78,7 @@ def _valid_around(graph: Graph, order: list[int], nodes: Iterable[int]) -> bool:
 def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
     """The old order with each group of new nodes where the first of the nodes it replaces
     ran (then `_defer_writers`); None when that order is not valid."""
-    pos = {n: i for i, n in enumerate(old_order)}
+    pos = _positions(old_order)
     spots = {min(olds, key=pos.__getitem__): news for olds, news in result.in_place_of}
     order = []
     for n in old_order:
@@ -83,7 +92,7 @@ def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int]
 def _place_at_anchor(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
     """The old order with the added nodes right before the anchor (then `_defer_writers`);
     None when that order is not valid."""
-    order = [n for n in old_order if n not in result.removed]
+    order = _without(old_order, result.removed)
     at = order.index(result.anchor)
     added = sorted(result.added)
     order[at:at] = added
@@ -96,7 +105,7 @@ def _defer_writers(graph: Graph, order: list[int], added) -> tuple[list[int], li
     right after the last such added node, and the nodes moved. These are in-place updates: a
     recomputed op, or a convolution by a weight's slice, reads the weight, and the scheduler
     had put the weight's update right after its gradient."""
-    pos = {n: i for i, n in enumerate(order)}
+    pos = _positions(order)
     after: dict[int, int] = {}
     for a in added:
         for s in graph.successors(a):

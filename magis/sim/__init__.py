@@ -1,5 +1,16 @@
 """The simulator: schedule -> latency, memory timeline, peak, hot-spots (MAGIS §2.1, §6.2)."""
 
 from magis.sim.simulator import Category, Hotspot, SimResult, memory_timeline, simulate
+from magis.sim.tables import Tables, derive_facts, node_times, tables
 
-__all__ = ["Category", "Hotspot", "SimResult", "memory_timeline", "simulate"]
+__all__ = [
+    "Category",
+    "Hotspot",
+    "SimResult",
+    "Tables",
+    "derive_facts",
+    "memory_timeline",
+    "node_times",
+    "simulate",
+    "tables",
+]

@@ -14,14 +14,16 @@ placed right before its user is not hidden, one placed earlier is. Without copy 
 the sum of the operator times, as in MAGIS's cost(G). Stored tensors live in host memory: they
 are not part of the device timeline, and their peak is reported as `host_peak_bytes`.
 
-Everything that depends only on the graph (storage sizes, readers, categories) is computed once
-per graph version; a simulation of a new order is a few vectorized numpy passes.
+Everything that depends only on the graph (storage sizes, readers, node times: tables.py) is
+computed once per graph version, or derived from the parent version's in a search; a simulation
+of a new order is a few vectorized numpy passes, and the two-stream walk visits only the copies
+and the ops waiting for them.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +31,7 @@ import numpy as np
 if TYPE_CHECKING:
     from magis.cost import CostModel
 from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
+from magis.sim.tables import Tables, node_times, tables
 
 
 class Category(enum.Enum):
@@ -62,6 +65,40 @@ class Hotspot:
     category: Category | None  # None in a simulation without detail
 
 
+class HotspotList:
+    """The hot-spots of one simulation, made into `Hotspot`s when first read: a search
+    simulates thousands of states and expands few of them (only rules read hot-spots). They
+    are read from the graph as simulated: read them before mutating it (no search state's
+    graph is ever mutated)."""
+
+    __slots__ = ("_graph", "_tables", "_rows", "_cats", "_spots")
+
+    def __init__(self, graph: Graph, t: Tables, rows: np.ndarray, cats) -> None:
+        self._graph, self._tables, self._rows, self._cats = graph, t, rows, cats
+        self._spots: tuple[Hotspot, ...] | None = None
+
+    def get(self) -> tuple[Hotspot, ...]:
+        if self._spots is None:
+            graph, t, cats = self._graph, self._tables, self._cats
+            spots = []
+            for i in self._rows.tolist():
+                s = t.storages[i]
+                node = graph.node(s.node)
+                spots.append(
+                    Hotspot(
+                        s,
+                        node.name,
+                        node.op,
+                        int(t.nbytes[i]),
+                        graph.meta(s).shape,
+                        cats[i] if cats is not None else None,
+                    )
+                )
+            self._spots = tuple(spots)
+            self._graph = self._tables = self._cats = None  # what they were read from
+        return self._spots
+
+
 @dataclass(frozen=True)
 class SimResult:
     """One schedule's simulated figures; bytes in bytes, times in seconds."""
@@ -72,70 +109,22 @@ class SimResult:
     timeline: np.ndarray  # M_i for every step i of `order`
     peak_step: int  # first step at which the peak is reached
     resident_bytes: int
-    hotspots: tuple[Hotspot, ...]  # non-resident storages live at a peak step, largest first
+    hotspot_list: HotspotList = field(repr=False)
     breakdown: dict[str, int]  # bytes per Category at `peak_step` (empty without detail)
     compute_s: float
     copy_s: float
     host_peak_bytes: int = 0  # stored (swapped-out) bytes at their peak, in host memory
 
+    @property
+    def hotspots(self) -> tuple[Hotspot, ...]:
+        """Non-resident storages live at a peak step, largest first."""
+        return self.hotspot_list.get()
+
     def top_hotspots(self, k: int = 10) -> tuple[Hotspot, ...]:
         return self.hotspots[:k]
 
 
-@dataclass(frozen=True)
-class _Tables:
-    """Per-graph-version arrays the simulation of any order reuses."""
-
-    storages: tuple[Ref, ...]  # non-resident storages
-    nbytes: np.ndarray
-    producer: np.ndarray  # node id allocating each storage
-    reader_storage: np.ndarray  # (storage index, reader node id) pairs, flattened
-    reader_node: np.ndarray
-    is_output: np.ndarray
-    resident_bytes: int
-    resident_by_category: dict[Category, int]
-    id_bound: int
-    host_bytes: np.ndarray  # per-storage bytes held in host memory (0 for device storages)
-    copy_nodes: frozenset[int]
-
-
-_TABLES: DerivedKey[_Tables] = DerivedKey("sim.tables")
 _CATEGORIES: DerivedKey[tuple[Category, ...]] = DerivedKey("sim.categories")
-
-
-def _tables(graph: Graph) -> _Tables:
-    return graph.derived(_TABLES, lambda: _build_tables(graph))
-
-
-def _build_tables(graph: Graph) -> _Tables:
-    smap = graph.storages()
-    storages = tuple(s for s in smap.nbytes if s not in smap.resident)
-    index = {s: i for i, s in enumerate(storages)}
-    rs, rn = [], []
-    host = [s in smap.host for s in storages]
-    for s in storages:
-        for reader in smap.readers[s]:
-            rs.append(index[s])
-            rn.append(reader)
-    resident_by: dict[Category, int] = {}
-    for s in smap.resident:
-        cat = _PLACEHOLDER_CATEGORY[graph.node(s.node).placeholder_kind]
-        resident_by[cat] = resident_by.get(cat, 0) + smap.nbytes[s]
-    sizes = np.array([smap.nbytes[s] for s in storages], dtype=np.int64)
-    host_mask = np.array(host, dtype=bool)
-    return _Tables(
-        storages=storages,
-        nbytes=np.where(host_mask, 0, sizes),
-        producer=np.array([s.node for s in storages], dtype=np.int64),
-        reader_storage=np.array(rs, dtype=np.int64),
-        reader_node=np.array(rn, dtype=np.int64),
-        is_output=np.array([s in smap.outputs for s in storages], dtype=bool),
-        resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
-        resident_by_category=resident_by,
-        id_bound=max(graph.nodes, default=-1) + 1,
-        host_bytes=np.where(host_mask, sizes, 0),
-        copy_nodes=graph.copy_nodes(),
-    )
 
 
 def _storage_categories(graph: Graph) -> tuple[Category, ...]:
@@ -144,7 +133,7 @@ def _storage_categories(graph: Graph) -> tuple[Category, ...]:
 
     def build() -> tuple[Category, ...]:
         cats = _categories(graph)
-        return tuple(cats.get(s, Category.TEMPORARIES) for s in _tables(graph).storages)
+        return tuple(cats.get(s, Category.TEMPORARIES) for s in tables(graph).storages)
 
     return graph.derived(_CATEGORIES, build)
 
@@ -189,7 +178,7 @@ def memory_timeline(
     graph: Graph, order: list[int] | tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(M_i for each step, allocation step, free step) of every non-resident storage."""
-    t = _tables(graph)
+    t = tables(graph)
     n = len(order)
     pos = np.full(t.id_bound, -1, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n)
@@ -205,7 +194,7 @@ def memory_timeline(
     return timeline, alloc, free
 
 
-def _host_peak(t: _Tables, alloc: np.ndarray, free: np.ndarray, n: int) -> int:
+def _host_peak(t: Tables, alloc: np.ndarray, free: np.ndarray, n: int) -> int:
     if not t.host_bytes.any():
         return 0
     diff = np.zeros(n + 1, dtype=np.int64)
@@ -221,7 +210,7 @@ def simulate(
 
     Without `detail`, the breakdown of the peak by category is left empty and hot-spots carry
     no category: what a search's state needs is the peak, the latency and the hot-spots."""
-    t = _tables(graph)
+    t = tables(graph)
     timeline, alloc, free = memory_timeline(graph, order)
     if len(timeline) == 0:
         timeline = np.array([t.resident_bytes], dtype=np.int64)
@@ -229,7 +218,7 @@ def simulate(
     peak_steps = np.flatnonzero(timeline == peak)
     latency, compute_s, copy_s = _latency(graph, order, cost)
     cats = _storage_categories(graph) if detail else None
-    hot = _hotspots(graph, t, cats, alloc, free, peak_steps)
+    hot = _hotspots(t, alloc, free, peak_steps)
     return SimResult(
         order=tuple(order),
         peak_bytes=peak,
@@ -237,7 +226,7 @@ def simulate(
         timeline=timeline,
         peak_step=int(peak_steps[0]),
         resident_bytes=t.resident_bytes,
-        hotspots=hot,
+        hotspot_list=HotspotList(graph, t, hot, cats),
         breakdown=_breakdown(t, cats, alloc, free, int(peak_steps[0])) if detail else {},
         compute_s=compute_s,
         copy_s=copy_s,
@@ -245,34 +234,20 @@ def simulate(
     )
 
 
-def _hotspots(
-    graph: Graph, t: _Tables, cats, alloc, free, peak_steps: np.ndarray
-) -> tuple[Hotspot, ...]:
+def _hotspots(t: Tables, alloc, free, peak_steps: np.ndarray) -> np.ndarray:
+    """Rows of the storages live at a peak step, largest first (ties in table order)."""
     idx = np.searchsorted(peak_steps, alloc)
     within = idx < len(peak_steps)
     live = np.zeros(len(alloc), dtype=bool)
     live[within] = peak_steps[idx[within]] <= free[within]
     chosen = np.flatnonzero(live & (t.nbytes > 0))  # stored (host) tensors hold no device memory
-    chosen = chosen[np.argsort(-t.nbytes[chosen], kind="stable")]
-    spots = []
-    for i in chosen:
-        s = t.storages[i]
-        node = graph.node(s.node)
-        spots.append(
-            Hotspot(
-                s,
-                node.name,
-                node.op,
-                int(t.nbytes[i]),
-                graph.meta(s).shape,
-                cats[i] if cats is not None else None,
-            )
-        )
-    return tuple(spots)
+    return chosen[np.argsort(-t.nbytes[chosen], kind="stable")]
 
 
-def _breakdown(t: _Tables, cats, alloc, free, step: int) -> dict[str, int]:
-    out = {c.value: t.resident_by_category.get(c, 0) for c in Category}
+def _breakdown(t: Tables, cats, alloc, free, step: int) -> dict[str, int]:
+    out = {c.value: 0 for c in Category}
+    for kind, nbytes in t.resident_by_kind.items():
+        out[_PLACEHOLDER_CATEGORY[kind].value] += nbytes
     live = np.flatnonzero((alloc <= step) & (step <= free))
     for i in live:
         out[cats[i].value] += int(t.nbytes[i])
@@ -281,22 +256,59 @@ def _breakdown(t: _Tables, cats, alloc, free, step: int) -> dict[str, int]:
 
 def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]:
     """(makespan, busy compute seconds, busy copy seconds) over the two streams."""
-    times = cost.node_times(graph)
-    copies = _tables(graph).copy_nodes
-    copy_s = float(sum(times[n] for n in copies))
-    compute_s = float(times[np.asarray(order, dtype=np.int64)].sum()) - copy_s if order else 0.0
+    times = node_times(graph, cost)
+    copies = tables(graph).copy_nodes
+    copy_s = float(times[np.sort(np.fromiter(copies, np.int64, len(copies)))].sum())
+    ids = np.asarray(order, dtype=np.int64)
+    compute_s = float(times[ids].sum()) - copy_s if len(ids) else 0.0
     if not copies:
         return compute_s, compute_s, 0.0
     if not cost.copies_overlap:  # the copies take the computing threads' time
         return compute_s + copy_s, compute_s, copy_s
-    finish: dict[int, float] = {}
+    return two_stream_makespan(graph, ids, times, copies), compute_s, copy_s
+
+
+def two_stream_makespan(graph: Graph, ids: np.ndarray, times: np.ndarray, copies) -> float:
+    """Nodes run in `ids` order on two streams (the module docstring): a node starts when its
+    stream is free and its inputs are ready, and a copy no earlier than the compute op issued
+    just before it.
+
+    Only copies and the compute ops that read a copy can wait for anything but the compute
+    stream; every other op starts when the one before it ends. So the runs of compute ops
+    between those events are running sums (one `cumsum` each, the same additions in the same
+    order as a node-by-node walk) and only the events are walked one by one."""
+    n = len(ids)
+    if n == 0:
+        return 0.0
+    pos = np.full(max(int(ids.max()) + 1, 1), -1, dtype=np.int64)
+    pos[ids] = np.arange(n)
+    waits = set(copies)
+    for c in copies:
+        waits.update(graph.successors(c))
+    events = np.sort(pos[np.fromiter(waits, np.int64, len(waits))])
+    events = events[events >= 0]
+    t = times[ids]
+    finish = np.empty(n)
     compute_free = copy_free = issued = 0.0
-    for nid in order:
-        ready = max((finish[p] for p in graph.predecessors(nid)), default=0.0)
+    at = 0  # first position not yet timed
+    for e in [*events.tolist(), n]:
+        if e > at:  # a run of compute ops, each starting when the one before ends
+            run = np.empty(e - at + 1)
+            run[0] = compute_free
+            run[1:] = t[at:e]
+            run = np.cumsum(run)
+            finish[at:e] = run[1:]
+            issued, compute_free = float(run[-2]), float(run[-1])
+        if e == n:
+            break
+        nid = int(ids[e])
+        preds = graph.predecessors(nid)
+        ready = float(finish[pos[preds]].max()) if preds else 0.0
         if nid in copies:
             start = max(ready, copy_free, issued)
-            finish[nid] = copy_free = start + float(times[nid])
+            finish[e] = copy_free = start + float(t[e])
         else:
             start = issued = max(ready, compute_free)
-            finish[nid] = compute_free = start + float(times[nid])
-    return max(finish.values(), default=0.0), compute_s, copy_s
+            finish[e] = compute_free = start + float(t[e])
+        at = e + 1
+    return float(finish.max())

@@ -1,0 +1,206 @@
+"""What the simulation of any order of one graph version reuses: its storages as arrays, and
+its nodes' times under a cost model (MAGIS §2.1, §6.2).
+
+Both are facts of a graph version, cached on it. A search simulates thousands of versions, each
+a rewrite of its parent touching a handful of nodes, so `derive_facts` builds a child's facts
+from its parent's: the storage map through `StorageMap.update_tracked`, the arrays by dropping,
+editing and appending the rows of the storages it reports, the times by timing only the nodes
+whose objects changed. The result equals a build from scratch, row order included (the
+hot-spots list equal-sized storages in that order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref, StorageMap
+from magis.ir.ops import LOAD_OP, STORE_OP
+
+if TYPE_CHECKING:
+    from magis.cost import CostModel
+
+KEY_STRIDE = 1 << 20  # a storage's key: producer id * KEY_STRIDE + output index
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The non-resident storages of one graph version, in its StorageMap's order, as arrays."""
+
+    storages: np.ndarray  # Ref objects
+    keys: np.ndarray  # int64 key of each storage (rows are found by key)
+    nbytes: np.ndarray  # device bytes (0 for a storage in host memory)
+    host_bytes: np.ndarray  # bytes held in host memory (0 for device storages)
+    producer: np.ndarray  # node id allocating each storage
+    reader_storage: np.ndarray  # (row, reader node id) pairs, flattened
+    reader_node: np.ndarray
+    is_output: np.ndarray
+    outputs: frozenset[Ref]  # the StorageMap's output storages these rows were marked from
+    resident: frozenset[Ref]
+    resident_bytes: int
+    resident_by_kind: dict[PlaceholderKind, int]
+    id_bound: int  # above every node id
+    copy_nodes: frozenset[int]  # Store and Load nodes
+
+
+_TABLES: DerivedKey[Tables] = DerivedKey("sim.tables")
+_TIMES: DerivedKey[dict] = DerivedKey("sim.node_times")  # cost model -> times by node id
+
+
+def tables(graph: Graph) -> Tables:
+    """The graph version's tables (built on first use)."""
+    return graph.derived(_TABLES, lambda: _build(graph))
+
+
+def node_times(graph: Graph, cost: CostModel) -> np.ndarray:
+    """`cost.node_times(graph)`, kept with the graph version (do not write into it)."""
+    per_cost = graph.derived(_TIMES, dict)
+    times = per_cost.get(cost)
+    if times is None:
+        times = per_cost[cost] = cost.node_times(graph)
+    return times
+
+
+def _key(s: Ref) -> int:
+    return s.node * KEY_STRIDE + s.index
+
+
+def _build(graph: Graph) -> Tables:
+    smap = graph.storages()
+    storages = [s for s in smap.nbytes if s not in smap.resident]
+    index = {s: i for i, s in enumerate(storages)}
+    rs, rn = [], []
+    for s in storages:
+        for reader in smap.readers[s]:
+            rs.append(index[s])
+            rn.append(reader)
+    resident_by: dict[PlaceholderKind, int] = {}
+    for s in smap.resident:
+        kind = graph.node(s.node).placeholder_kind
+        resident_by[kind] = resident_by.get(kind, 0) + smap.nbytes[s]
+    sizes = np.array([smap.nbytes[s] for s in storages], dtype=np.int64)
+    host = np.array([s in smap.host for s in storages], dtype=bool)
+    return Tables(
+        storages=_objects(storages),
+        keys=np.array([_key(s) for s in storages], dtype=np.int64),
+        nbytes=np.where(host, 0, sizes),
+        host_bytes=np.where(host, sizes, 0),
+        producer=np.array([s.node for s in storages], dtype=np.int64),
+        reader_storage=np.array(rs, dtype=np.int64),
+        reader_node=np.array(rn, dtype=np.int64),
+        is_output=np.array([s in smap.outputs for s in storages], dtype=bool),
+        outputs=smap.outputs,
+        resident=smap.resident,
+        resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
+        resident_by_kind=resident_by,
+        id_bound=graph.next_id,
+        copy_nodes=graph.copy_nodes(),
+    )
+
+
+def _objects(items: list) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+# --- deriving a child's facts from its parent's ------------------------------------------------
+
+
+def derive_facts(
+    parent: Graph,
+    child: Graph,
+    added: Iterable[int],
+    changed: Iterable[int],
+    removed: Iterable[int],
+    cost: CostModel | None = None,
+) -> None:
+    """Install on `child` (`parent` with `added` nodes, `changed` nodes - re-wired or given new
+    metadata - and `removed` nodes) its StorageMap, its tables and, with `cost`, its node
+    times, each derived from the parent's. `child` is not mutated afterwards (its facts would be
+    dropped). Nodes of `child` not named keep their parent's Node objects."""
+    added, changed, removed = set(added), set(changed), set(removed)
+    smap, changes = StorageMap.update_tracked(
+        parent.storages(), parent, child, added, changed, removed
+    )
+    child.set_storages(smap)
+    derived = _derive_tables(tables(parent), child, smap, changes, added, removed)
+    child.derived(_TABLES, lambda: derived)
+    if cost is not None:
+        times = _derive_times(node_times(parent, cost), child, cost, added | changed, removed)
+        child.derived(_TIMES, dict).setdefault(cost, times)
+
+
+def _derive_tables(
+    t: Tables, child: Graph, smap: StorageMap, changes, added: set[int], removed: set[int]
+) -> Tables:
+    """The parent's rows minus the dropped ones, the edited ones redone in place, the appended
+    ones at the end: the order `StorageMap.update_tracked` gives the child's map."""
+    resident = smap.resident
+    dropped = [_key(s) for s in changes.dropped if s not in resident]
+    edited = [_key(s) for s in changes.edited if s not in resident]
+    drop = np.isin(t.keys, dropped) if dropped else np.zeros(len(t.keys), dtype=bool)
+    edit = np.isin(t.keys, edited) if edited else np.zeros(len(t.keys), dtype=bool)
+    keep = ~drop
+    row = np.cumsum(keep) - 1  # old row -> new row
+    pairs = ~(drop | edit)[t.reader_storage]
+    reader_storage = [row[t.reader_storage[pairs]]]
+    reader_node = [t.reader_node[pairs]]
+    appended = [s for s in changes.appended if s not in resident]
+    storages = np.concatenate([t.storages[keep], _objects(appended)])
+    sizes = np.concatenate([t.nbytes[keep] + t.host_bytes[keep], np.zeros(len(appended), np.int64)])
+    host = np.concatenate([t.host_bytes[keep] > 0, np.zeros(len(appended), dtype=bool)])
+    redo = [*zip(row[edit].tolist(), t.storages[edit].tolist(), strict=True)]
+    redo += [(len(storages) - len(appended) + j, s) for j, s in enumerate(appended)]
+    for r, s in redo:
+        sizes[r] = smap.nbytes[s]
+        host[r] = s in smap.host
+        readers = smap.readers[s]
+        reader_storage.append(np.full(len(readers), r, dtype=np.int64))
+        reader_node.append(np.asarray(readers, dtype=np.int64))
+    if smap.outputs == t.outputs:
+        is_output = np.concatenate([t.is_output[keep], [s in smap.outputs for s in appended]])
+    else:
+        is_output = np.array([s in smap.outputs for s in storages.tolist()], dtype=bool)
+    return Tables(
+        storages=storages,
+        keys=np.concatenate([t.keys[keep], np.array([_key(s) for s in appended], np.int64)]),
+        nbytes=np.where(host, 0, sizes),
+        host_bytes=np.where(host, sizes, 0),
+        producer=np.concatenate([t.producer[keep], [s.node for s in appended]]).astype(np.int64),
+        reader_storage=np.concatenate(reader_storage).astype(np.int64),
+        reader_node=np.concatenate(reader_node).astype(np.int64),
+        is_output=is_output.astype(bool),
+        outputs=smap.outputs,
+        resident=resident,
+        resident_bytes=t.resident_bytes,
+        resident_by_kind=t.resident_by_kind,
+        id_bound=child.next_id,
+        copy_nodes=_derive_copy_nodes(t.copy_nodes, child, added, removed),
+    )
+
+
+def _derive_copy_nodes(
+    parent: frozenset[int], child: Graph, added: set[int], removed: set[int]
+) -> frozenset[int]:
+    new = [n for n in added if child.node(n).op in (STORE_OP, LOAD_OP)]
+    if not new and not (removed & parent):
+        return parent
+    return frozenset((parent - removed).union(new))
+
+
+def _derive_times(
+    times: np.ndarray, child: Graph, cost: CostModel, retime: set[int], removed: set[int]
+) -> np.ndarray:
+    """The parent's node times, the `retime` nodes timed again and the removed ones zeroed."""
+    out = np.zeros(child.next_id)
+    out[: len(times)] = times[: child.next_id]
+    if removed:
+        out[[n for n in removed if n < len(out)]] = 0.0
+    for n in retime:
+        if n in child:
+            out[n] = cost.op_time(child, n)
+    return out
