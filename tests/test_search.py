@@ -242,3 +242,43 @@ def test_reanalysis_splits_hot_entries_and_its_plans_verify():
         assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
         verified += 1
     assert verified
+
+
+@pytest.mark.parametrize("workload", ["bert-base:tiny", "unet:tiny"])
+def test_incremental_hash_along_a_line_of_rewrites_equals_the_full_hash(workload):
+    """The search hashes each child from its parent's labels (shared, with the child's changes
+    on top, folded in now and then): along a random line of rewrites from every rule, meta
+    checked as the search does, every child's hash is its full Weisfeiler-Lehman hash."""
+    import random
+
+    from magis.backend.meta_check import MetaChecker
+    from magis.rules import RuleContext, candidates
+    from magis.search import default_rules
+    from magis.search.hashing import wl_hash, wl_hash_incremental
+    from magis.search.reschedule import reschedule
+
+    _, step = workload_step(workload)
+    cost = get_cost_model("rtx3090")
+    checker, rng = MetaChecker(), random.Random(7)
+    graph, order = step.graph, list(step.graph.program_order())
+    h = wl_hash(graph)
+    checked = 0
+    for _ in range(8):
+        ctx = RuleContext(graph, tuple(order), simulate(graph, order, cost), hotspots_only=False)
+        children = []
+        for rw in candidates(default_rules(), ctx):
+            res = rw.build()
+            report = checker.derive(res.graph, res.touched)
+            if not report.ok:
+                continue
+            inc = wl_hash_incremental(
+                h, graph, res.graph, res.touched | report.restrided, res.removed
+            )
+            assert inc.value == wl_hash(res.graph).value, rw.description
+            children.append((res, inc))
+            checked += 1
+        if not children:
+            break
+        res, h = rng.choice(children)
+        order, graph = reschedule(graph, order, res, cost), res.graph
+    assert checked >= 30

@@ -44,18 +44,60 @@ def _is_ref_like(a) -> bool:
     return isinstance(a, list | tuple) and any(isinstance(x, Ref) for x in a)
 
 
+class Labels:
+    """One level's label of every node of one graph version: a dict shared with the versions
+    it was derived from, and this version's own changes (None: the node is gone). A search
+    keeps thousands of versions, each a few changes away from its parent; copying every level
+    of every version cost more than hashing the changes. The changes are folded into a new
+    shared dict once they are more than a sixteenth of it."""
+
+    __slots__ = ("_flat", "_delta")
+
+    def __init__(self, flat: dict[int, int], delta: dict[int, int | None] | None = None) -> None:
+        self._flat = flat
+        self._delta = delta if delta is not None else {}
+
+    def __getitem__(self, nid: int) -> int:
+        delta = self._delta
+        if nid in delta:
+            value = delta[nid]
+            if value is None:
+                raise KeyError(nid)
+            return value
+        return self._flat[nid]
+
+    def __contains__(self, nid: int) -> bool:
+        delta = self._delta
+        if nid in delta:
+            return delta[nid] is not None
+        return nid in self._flat
+
+    def updated(self, changes: dict[int, int | None]) -> Labels:
+        """These labels with `changes` applied (None removes a node)."""
+        delta = {**self._delta, **changes}
+        if len(delta) <= max(64, len(self._flat) >> 4):
+            return Labels(self._flat, delta)
+        flat = dict(self._flat)
+        for nid, value in delta.items():
+            if value is None:
+                flat.pop(nid, None)
+            else:
+                flat[nid] = value
+        return Labels(flat)
+
+
 @dataclass(frozen=True)
 class GraphHash:
     """Per-node labels at every level, and the graph's hash."""
 
-    labels: tuple[dict[int, int], ...]  # level -> node -> label
+    labels: tuple[Labels, ...]  # level -> node -> label
     value: int
 
     def __int__(self) -> int:
         return self.value
 
 
-def _level_up(graph: Graph, prev: dict[int, int], nid: int) -> int:
+def _level_up(graph: Graph, prev, nid: int) -> int:
     node = graph.node(nid)
     ins = tuple((r.index, prev[r.node]) for r in node.inputs)
     outs = sorted(prev[u] for u in graph.successors(nid))
@@ -67,7 +109,8 @@ def wl_hash(graph: Graph) -> GraphHash:
     for _ in range(LEVELS):
         prev = labels[-1]
         labels.append({n: _level_up(graph, prev, n) for n in graph.nodes})
-    return GraphHash(tuple(labels), sum(labels[-1].values()) & _MASK)
+    value = sum(labels[-1].values()) & _MASK
+    return GraphHash(tuple(Labels(level) for level in labels), value)
 
 
 def _neighbours(graph: Graph, nodes: Iterable[int]) -> set[int]:
@@ -88,24 +131,24 @@ def wl_hash_incremental(
     removed: Iterable[int] = (),
 ) -> GraphHash:
     """The hash of `graph`, a rewrite of `old_graph` (hashed as `old`) that added or changed
-    `touched` and dropped `removed`: only labels within LEVELS hops of those are recomputed."""
+    `touched` and dropped `removed`: only labels within LEVELS hops of those are recomputed,
+    and the sum is updated by the labels that changed (modulo 2^64, as `wl_hash` sums)."""
     removed = set(removed)
     touched = set(touched)
     # Edges that disappeared are only visible in the old graph: a changed node's former inputs
     # lost a user, a removed node's neighbours lost an input or a user.
     dirty = {n for n in _neighbours(old_graph, touched | removed) | touched if n in graph}
-    base = {k: v for k, v in old.labels[0].items() if k not in removed}
-    for n in dirty:
-        base[n] = _base_label(graph, n)
-    labels = [base]
+    gone: dict[int, int | None] = dict.fromkeys(removed)
+    labels = [old.labels[0].updated({**gone, **{n: _base_label(graph, n) for n in dirty}})]
     frontier = dirty
     for level in range(1, LEVELS + 1):
         frontier = {
             n for n in _neighbours(graph, frontier) | _neighbours(old_graph, frontier) if n in graph
         }
-        cur = {k: v for k, v in old.labels[level].items() if k not in removed}
         prev = labels[-1]
-        for n in frontier:
-            cur[n] = _level_up(graph, prev, n)
-        labels.append(cur)
-    return GraphHash(tuple(labels), sum(labels[-1].values()) & _MASK)
+        changes = {n: _level_up(graph, prev, n) for n in frontier}
+        labels.append(old.labels[level].updated({**gone, **changes}))
+    last = old.labels[-1]
+    before = sum(last[n] for n in removed | frontier if n in last)
+    value = (old.value - before + sum(changes.values())) & _MASK
+    return GraphHash(tuple(labels), value)
