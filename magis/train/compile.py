@@ -30,6 +30,7 @@ What is decided here, and why:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from torch import nn
 
 from magis.capture.trace import Step, capture_training, loss_of
 from magis.commands.optimize import optimize
-from magis.errors import MagisError, PlanError
+from magis.errors import MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
@@ -247,13 +248,23 @@ def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -
         chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
         check_plan_fits(chosen, step)
         return chosen
-    return optimize(
+    found = optimize(
         step,
         mem_limit=mem_limit,
         lat_limit=lat_limit,
         time_budget=time_budget,
         hardware=hardware if hardware is not None else device.type,
     )
+    if not found.summary.satisfied:  # the step still trains exactly; the user should know
+        s = found.summary
+        warnings.warn(
+            f"magis.compile: the plan found in {time_budget:g} s does not meet the limit "
+            f"(memory {s.memory_ratio:.3f}, latency {s.latency_ratio:.3f} of the program "
+            f"order); the step runs it anyway: give more time_budget or a looser limit",
+            MagisWarning,
+            stacklevel=3,
+        )
+    return found
 
 
 def check_plan_fits(plan: Plan, step: Step) -> None:
