@@ -282,3 +282,46 @@ def test_incremental_hash_along_a_line_of_rewrites_equals_the_full_hash(workload
         res, h = rng.choice(children)
         order, graph = reschedule(graph, order, res, cost), res.graph
     assert checked >= 30
+
+
+@pytest.mark.parametrize("workload", ["bert-base:tiny", "unetpp:tiny"])
+def test_fission_children_hash_and_time_like_a_fresh_graph(workload):
+    """F-Tree moves hash and time their graph from the parent state's (a continued
+    materialization) or from the lineage's base (a fresh one): along a line of F-Tree moves,
+    every child's hash is its full hash, its node times a fresh cost model's, and its
+    simulation that of a copy of its graph without derived facts."""
+    import random
+
+    import numpy as np
+
+    from magis.rules import RuleContext
+    from magis.search import Evaluator, initial_state
+    from magis.search.hashing import wl_hash
+    from magis.sim import node_times
+
+    _, step = workload_step(workload)
+    cost = get_cost_model("rtx3090")
+    state = initial_state(step.graph, cost)
+    evaluator, rng = Evaluator(cost, seen={state.hash.value}), random.Random(3)
+    kinds = set()
+    for _ in range(5):
+        ctx = RuleContext(state.graph, state.order, state.sim, state.frozen)
+        children = []
+        for _, make_child in evaluator.moves(state, (), ctx):
+            child = make_child()
+            if child is None:
+                continue
+            kinds.add(child.fission.materialized.continued)
+            fresh, fresh_cost = child.graph.copy(), get_cost_model("rtx3090")
+            assert child.hash.value == wl_hash(fresh).value
+            ids = list(fresh.nodes)
+            assert np.array_equal(
+                node_times(child.graph, cost)[ids], fresh_cost.node_times(fresh)[ids]
+            )
+            again = simulate(fresh, child.order, fresh_cost, detail=False)
+            assert (again.peak_bytes, again.latency_s) == (child.memory, child.latency)
+            children.append(child)
+        if not children:
+            break
+        state = rng.choice(children)
+    assert kinds == {True, False}  # continued and fresh materializations both checked

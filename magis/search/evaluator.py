@@ -22,11 +22,11 @@ from magis.rules import Rewrite, Rewritten, Rule, RuleContext
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
-from magis.search.hashing import wl_hash, wl_hash_incremental
+from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
 from magis.search.state import MState
-from magis.sim import SimResult, derive_facts, simulate
+from magis.sim import SimResult, derive_facts, derive_node_times, simulate, tables
 
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
 
@@ -141,22 +141,23 @@ class Evaluator:
         metas = self.derive_metas(done.graph, mat.touched)
         if metas is None:
             return None
-        if mat.continued and lineage.materialized is not None:  # it continued state.graph
-            h = self.timed(
-                "hash",
-                wl_hash_incremental,
-                state.hash,
-                state.graph,
-                done.graph,
-                mat.touched | metas.restrided,
-                mat.removed,
-            )
+        # What the materialization changed relative to the graph it continued: the parent
+        # state's, or the lineage's base (hashed once per lineage).
+        if mat.continued and lineage.materialized is not None:
+            parent, parent_hash = state.graph, state.hash
         else:
-            h = self.timed("hash", wl_hash, done.graph)
+            parent, parent_hash = lineage.base, self.timed("hash", graph_hash, lineage.base)
+        retimed = mat.touched | metas.restrided
+        h = self.timed(
+            "hash", wl_hash_incremental, parent_hash, parent, done.graph, retimed, mat.removed
+        )
         if not self.is_new(h.value):
             return None
+        self.timed(
+            "simulate", derive_node_times, parent, done.graph, self.cost, retimed, mat.removed
+        )
         order = done.order
-        if done.graph.copy_nodes():
+        if tables(done.graph).copy_nodes:
             order = self.timed("schedule", time_swaps, done.graph, order, self.cost)
         return replace(
             state,
@@ -219,7 +220,7 @@ class Evaluator:
 
 def full_schedule(graph: Graph, cost: CostModel) -> list[int]:
     order = list(schedule(graph, "dp").order)
-    if graph.copy_nodes():
+    if tables(graph).copy_nodes:
         order = time_swaps(graph, order, cost)
     return order
 

@@ -209,8 +209,8 @@ def apply(lineage: Lineage, tree: FTree) -> Fissioned:
     materialization where it can); the copies are frozen, and so are the base's frozen nodes
     that remain."""
     mat = materialize(lineage.base, tree, list(lineage.base_order), lineage.materialized)
-    frozen = frozenset(v for v in lineage.base_frozen if v in mat.graph)
+    frozen = {v for v in lineage.base_frozen if v in mat.graph}
     for t in mat.applied:
         for v, _ in tree.nodes[t].ftrans.split:
-            frozen |= frozenset(mat.ids.get(v, ()))
-    return Fissioned(mat.graph, mat.order, frozen, tree, mat)
+            frozen.update(mat.ids.get(v, ()))
+    return Fissioned(mat.graph, mat.order, frozenset(frozen), tree, mat)

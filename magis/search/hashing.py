@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from magis.ir import Graph
+from magis.ir import DerivedKey, Graph
 
 LEVELS = 3
 _MASK = (1 << 64) - 1
@@ -102,6 +102,14 @@ def _level_up(graph: Graph, prev, nid: int) -> int:
     ins = tuple((r.index, prev[r.node]) for r in node.inputs)
     outs = sorted(prev[u] for u in graph.successors(nid))
     return _h(prev[nid], ins, tuple(outs))
+
+
+_HASH: DerivedKey[GraphHash] = DerivedKey("search.wl_hash")
+
+
+def graph_hash(graph: Graph) -> GraphHash:
+    """`wl_hash(graph)`, kept with the graph version (a lineage's base is hashed once)."""
+    return graph.derived(_HASH, lambda: wl_hash(graph))
 
 
 def wl_hash(graph: Graph) -> GraphHash:

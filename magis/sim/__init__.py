@@ -1,7 +1,7 @@
 """The simulator: schedule -> latency, memory timeline, peak, hot-spots (MAGIS §2.1, §6.2)."""
 
 from magis.sim.simulator import Category, Hotspot, SimResult, memory_timeline, simulate
-from magis.sim.tables import Tables, derive_facts, node_times, tables
+from magis.sim.tables import Tables, derive_facts, derive_node_times, node_times, tables
 
 __all__ = [
     "Category",
@@ -9,6 +9,7 @@ __all__ = [
     "SimResult",
     "Tables",
     "derive_facts",
+    "derive_node_times",
     "memory_timeline",
     "node_times",
     "simulate",

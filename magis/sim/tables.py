@@ -130,8 +130,16 @@ def derive_facts(
     derived = _derive_tables(tables(parent), child, smap, changes, added, removed)
     child.derived(_TABLES, lambda: derived)
     if cost is not None:
-        times = _derive_times(node_times(parent, cost), child, cost, added | changed, removed)
-        child.derived(_TIMES, dict).setdefault(cost, times)
+        derive_node_times(parent, child, cost, added | changed, removed)
+
+
+def derive_node_times(
+    parent: Graph, child: Graph, cost: CostModel, retime: Iterable[int], removed: Iterable[int]
+) -> None:
+    """Install on `child` its node times under `cost`: the parent's, the `retime` nodes (every
+    node whose Node object is not the parent's) timed again, the `removed` ones dropped."""
+    times = _derive_times(node_times(parent, cost), child, cost, set(retime), set(removed))
+    child.derived(_TIMES, dict).setdefault(cost, times)
 
 
 def _derive_tables(
