@@ -157,7 +157,7 @@ class Evaluator:
             "simulate", derive_node_times, parent, done.graph, self.cost, retimed, mat.removed
         )
         order = done.order
-        if tables(done.graph).copy_nodes:
+        if self.timed("simulate", tables, done.graph).copy_nodes:  # the storages, built once
             order = self.timed("schedule", time_swaps, done.graph, order, self.cost)
         return replace(
             state,

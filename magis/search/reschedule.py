@@ -63,10 +63,12 @@ def _positions(order: Sequence[int]) -> dict[int, int]:
     return dict(zip(order, range(len(order)), strict=True))
 
 
-def _valid_around(graph: Graph, order: list[int], nodes: Iterable[int]) -> bool:
+def _valid_around(
+    graph: Graph, order: list[int], nodes: Iterable[int], pos: dict[int, int] | None = None
+) -> bool:
     """Whether `order` runs each of `nodes` after its predecessors and before its successors
-    (enough when only these nodes' edges changed)."""
-    pos = _positions(order)
+    (enough when only these nodes' edges changed); `pos` is the order's positions, if known."""
+    pos = _positions(order) if pos is None else pos
     return all(
         all(pos[p] < pos[n] for p in graph.predecessors(n))
         and all(pos[x] > pos[n] for x in graph.successors(n))
@@ -85,8 +87,7 @@ def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int]
         order.extend(spots.get(n, ()))
         if n not in result.removed:
             order.append(n)
-    order, moved = _defer_writers(result.graph, order, result.added)
-    return order if _valid_around(result.graph, order, [*result.touched, *moved]) else None
+    return _deferred_if_valid(result.graph, order, result.added, result.touched)
 
 
 def _place_at_anchor(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
@@ -96,16 +97,25 @@ def _place_at_anchor(old_order: Sequence[int], result: Rewritten) -> list[int] |
     at = order.index(result.anchor)
     added = sorted(result.added)
     order[at:at] = added
-    order, moved = _defer_writers(result.graph, order, added)
-    return order if _valid_around(result.graph, order, [*added, *moved]) else None
+    return _deferred_if_valid(result.graph, order, added, added)
 
 
-def _defer_writers(graph: Graph, order: list[int], added) -> tuple[list[int], list[int]]:
+def _deferred_if_valid(graph: Graph, order: list[int], added, check) -> list[int] | None:
+    """`order` after `_defer_writers`, if it is valid around `check` and the nodes moved."""
+    pos = _positions(order)
+    order, moved = _defer_writers(graph, order, added, pos)
+    if moved:
+        pos = _positions(order)
+    return order if _valid_around(graph, order, [*check, *moved], pos) else None
+
+
+def _defer_writers(
+    graph: Graph, order: list[int], added, pos: dict[int, int]
+) -> tuple[list[int], list[int]]:
     """`order` with each node that must follow an added node but runs before it moved to
     right after the last such added node, and the nodes moved. These are in-place updates: a
     recomputed op, or a convolution by a weight's slice, reads the weight, and the scheduler
-    had put the weight's update right after its gradient."""
-    pos = _positions(order)
+    had put the weight's update right after its gradient. `pos`: the order's positions."""
     after: dict[int, int] = {}
     for a in added:
         for s in graph.successors(a):
