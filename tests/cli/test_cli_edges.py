@@ -41,6 +41,20 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+def _sigint_as_a_terminal_delivers_it() -> None:
+    """pytest-xdist workers ignore SIGINT, and a child inherits that: restore the default so
+    the child's Python installs its KeyboardInterrupt handler, as under a user's shell."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises_keyboard_interrupt():
+    """Ctrl-C as a user's shell delivers it, also inside an xdist worker (which ignores it)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture
 def no_capture(monkeypatch):
     """Fails the test if `optimize` captures its workload."""
@@ -375,6 +389,7 @@ class Driven:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=_sigint_as_a_terminal_delivers_it,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.err: list[str] = []
