@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from magis.ir import Graph, Ref
-from magis.sim.simulator import _tables, memory_timeline
+from magis.sim.simulator import memory_timeline
+from magis.sim.tables import tables as _tables
 
 ALIGNMENT = 64  # bytes: a cache line, and more than any dtype or vector load needs
 
