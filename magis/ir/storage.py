@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import rustworkx as rx
 
@@ -35,6 +36,122 @@ class GraphLike(Protocol):
     def successors(self, nid: int) -> list[int]: ...
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+_GONE = object()  # a shared key deleted
+
+
+class _Layers(Generic[K, V]):
+    """A dict shared with other versions, this version's changes to its keys (`_delta`: a new
+    value, or _GONE), and the keys added since (`_tail`, in the order added; a shared key
+    deleted and added again is one of them, at the end, as in a dict)."""
+
+    __slots__ = ("_flat", "_delta", "_tail", "_len")
+
+    _flat: dict[K, V]
+    _delta: dict
+    _tail: dict[K, V]
+    _len: int
+
+    def __getitem__(self, key: K) -> V:
+        tail = self._tail
+        if key in tail:
+            return tail[key]
+        value = self._delta.get(key, self)  # `self`: no change
+        if value is self:
+            return self._flat[key]
+        if value is _GONE:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._tail:
+            return True
+        value = self._delta.get(key, self)
+        if value is self:
+            return key in self._flat
+        return value is not _GONE
+
+    def _iter_layers(self) -> Iterator[K]:
+        delta = self._delta
+        for key in self._flat:
+            if delta.get(key) is not _GONE:
+                yield key
+        yield from self._tail
+
+
+class Layered(_Layers[K, V], Mapping[K, V]):
+    """A read-only dict made of a dict shared with the maps it was derived from and this
+    map's own changes, iterating in the order a plain dict given the same insertions and
+    deletions would.
+
+    A search keeps thousands of storage maps, each a handful of changes away from its
+    parent's: copying every dict of every map cost more time and memory than the changes.
+    `draft()` starts the next version; its changes are folded into a new shared dict once they
+    outnumber a sixteenth of it."""
+
+    __slots__ = ()
+
+    def __init__(self, flat: dict[K, V]) -> None:
+        self._flat, self._delta, self._tail, self._len = flat, {}, {}, len(flat)
+
+    def __iter__(self) -> Iterator[K]:
+        if not self._delta and not self._tail:
+            return iter(self._flat)
+        return self._iter_layers()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def draft(self) -> Draft[K, V]:
+        return Draft(self)
+
+
+class Draft(_Layers[K, V]):
+    """The next version of a `Layered` map, edited like a dict, then `done()`."""
+
+    __slots__ = ()
+
+    def __init__(self, parent: Layered[K, V]) -> None:
+        self._flat, self._len = parent._flat, parent._len
+        self._delta, self._tail = dict(parent._delta), dict(parent._tail)
+
+    def __setitem__(self, key: K, value: V) -> None:
+        tail, delta = self._tail, self._delta
+        if key in tail:
+            tail[key] = value
+        elif key in self._flat and delta.get(key) is not _GONE:
+            delta[key] = value
+        else:  # new, or a shared key deleted before: to the end
+            tail[key] = value
+            self._len += 1
+
+    def pop(self, key: K, default=None):
+        tail, delta = self._tail, self._delta
+        if key in tail:
+            self._len -= 1
+            return tail.pop(key)
+        if key in self._flat and delta.get(key) is not _GONE:
+            value = delta.get(key, self._flat[key])
+            delta[key] = _GONE
+            self._len -= 1
+            return value
+        return default
+
+    def setdefault(self, key: K, default: V) -> V:
+        if key in self:
+            return self[key]
+        self[key] = default
+        return default
+
+    def done(self) -> Layered[K, V]:
+        if len(self._delta) + len(self._tail) > max(64, len(self._flat) >> 4):
+            return Layered({key: self[key] for key in self._iter_layers()})
+        out = Layered(self._flat)
+        out._delta, out._tail, out._len = self._delta, self._tail, self._len
+        return out
+
+
 @dataclass(frozen=True)
 class StorageMap:
     """Which storage every value lives in (MAGIS counts storages, not tensors).
@@ -45,9 +162,9 @@ class StorageMap:
     any of its aliases has run; storages of placeholders are resident throughout.
     """
 
-    base: dict[Ref, Ref]  # value -> the Ref that allocated its storage
-    nbytes: dict[Ref, int]  # storage (allocating Ref) -> bytes
-    readers: dict[Ref, list[int]]  # storage -> nodes that read any alias of it
+    base: Mapping[Ref, Ref]  # value -> the Ref that allocated its storage
+    nbytes: Mapping[Ref, int]  # storage (allocating Ref) -> bytes
+    readers: Mapping[Ref, list[int]]  # storage -> nodes that read any alias of it
     resident: frozenset[Ref]  # storages of placeholders
     outputs: frozenset[Ref]  # storages that are graph outputs (live until the end)
     host: frozenset[Ref] = frozenset()  # storages in host memory (made by a Store)
@@ -83,7 +200,9 @@ class StorageMap:
                         host.add(ref)
         resident = frozenset(base[Ref(p, 0)] for p in graph.placeholders())
         outs = frozenset(base[r] for r in graph.outputs)
-        return StorageMap(base, nbytes, readers, resident, outs, frozenset(host))
+        return StorageMap(
+            Layered(base), Layered(nbytes), Layered(readers), resident, outs, frozenset(host)
+        )
 
     @staticmethod
     def update(
@@ -117,9 +236,7 @@ class StorageMap:
         nodes = graph.nodes
         dirty = _aliasing_closure(graph, (added | changed) - removed, lookup)
         reread = {u for n in dirty for u in graph.successors(n)} | dirty
-        base = dict(old.base)
-        nbytes = dict(old.nbytes)
-        readers = dict(old.readers)
+        base, nbytes, readers = _draft(old.base), _draft(old.nbytes), _draft(old.readers)
         host = set(old.host)
         edited: set[Ref] = set()
         dropped: set[Ref] = set()  # every one was in the old map: nothing is dropped twice
@@ -164,7 +281,9 @@ class StorageMap:
                 readers[s] = [*readers[s], n]
                 edited.add(s)
         outs = frozenset(base[r] for r in graph.outputs)
-        smap = StorageMap(base, nbytes, readers, old.resident, outs, frozenset(host))
+        smap = StorageMap(
+            base.done(), nbytes.done(), readers.done(), old.resident, outs, frozenset(host)
+        )
         changes = StorageChanges(
             frozenset(dropped),
             tuple(appended),
@@ -191,6 +310,10 @@ class StorageChanges:
     dropped: frozenset[Ref]
     appended: tuple[Ref, ...]
     edited: frozenset[Ref]
+
+
+def _draft(mapping: Mapping) -> Draft:
+    return (mapping if isinstance(mapping, Layered) else Layered(dict(mapping))).draft()
 
 
 def _aliasing_closure(graph: GraphLike, start: set[int], lookup) -> set[int]:
