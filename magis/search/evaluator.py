@@ -159,10 +159,11 @@ class Evaluator:
         order = done.order
         if self.timed("simulate", tables, done.graph).copy_nodes:  # the storages, built once
             order = self.timed("schedule", time_swaps, done.graph, order, self.cost)
+        order = tuple(order)  # one tuple for the state and its simulation
         return replace(
             state,
             graph=done.graph,
-            order=tuple(order),
+            order=order,
             sim=self.simulate(done.graph, order),
             hash=h,
             history=(*state.history, name),
@@ -201,11 +202,11 @@ class Evaluator:
             result.removed,
             self.cost,
         )
-        order = self.timed("schedule", reschedule, state.graph, state.order, result, self.cost)
-        sim = self.simulate(result.graph, order)
-        return MState(
-            result.graph, tuple(order), sim, h, (*state.history, rewrite.rule), state.frozen
+        order = tuple(
+            self.timed("schedule", reschedule, state.graph, state.order, result, self.cost)
         )
+        sim = self.simulate(result.graph, order)  # shares the tuple
+        return MState(result.graph, order, sim, h, (*state.history, rewrite.rule), state.frozen)
 
     def polish(self, state: MState) -> MState:
         """The state's graph re-ordered in full by the DP scheduler (then Store/Load timing):
@@ -215,7 +216,8 @@ class Evaluator:
             order = self.timed("schedule", full_schedule, state.graph, self.cost)
         except MagisError:
             return state
-        return replace(state, order=tuple(order), sim=self.simulate(state.graph, order, True))
+        order = tuple(order)
+        return replace(state, order=order, sim=self.simulate(state.graph, order, True))
 
 
 def full_schedule(graph: Graph, cost: CostModel) -> list[int]:

@@ -137,8 +137,11 @@ def derive_node_times(
     parent: Graph, child: Graph, cost: CostModel, retime: Iterable[int], removed: Iterable[int]
 ) -> None:
     """Install on `child` its node times under `cost`: the parent's, the `retime` nodes (every
-    node whose Node object is not the parent's) timed again, the `removed` ones dropped."""
-    times = _derive_times(node_times(parent, cost), child, cost, set(retime), set(removed))
+    node whose Node object is not the parent's) and their readers (whose inputs' metadata, a
+    part of their cost key, may have changed) timed again, the `removed` ones dropped."""
+    retime = set(retime)
+    retime.update(r for n in list(retime) if n in child for r in child.successors(n))
+    times = _derive_times(node_times(parent, cost), child, cost, retime, set(removed))
     child.derived(_TIMES, dict).setdefault(cost, times)
 
 
