@@ -27,6 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("search",),
     ("baselines",),
     ("plan",),
+    ("explain",),
+    ("report",),
     ("commands",),
     ("train",),
     ("bench",),
