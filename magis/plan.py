@@ -23,10 +23,14 @@ from magis.capture import Step
 from magis.errors import PlanError
 from magis.ir import Graph
 from magis.ir.serialize import graph_from_json, graph_to_json
+from magis.search.decisions import Decision, decisions_from_json
 
 PLAN_FORMAT = "magis.plan"
 # 2: the search's figures are the typed `summary` (version 1 had a free-form `info` dict).
-PLAN_VERSION = 2
+# 3: the summary holds the best state's decision trail (`magis explain`); a version-2 plan
+# still loads, with an empty trail.
+PLAN_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class PlanSummary:
     interrupted: bool  # Ctrl-C stopped the search
     memory_figure: str  # MemoryFigure.value: how peak_bytes was counted
     wall_seconds: float  # the search call, end to end
+    # The best state's moves from the program order, each with its figures before and after
+    # (`magis.search.decisions.full_trail`); empty in a plan older than version 3.
+    decisions: tuple[Decision, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,16 +71,26 @@ class PlanSummary:
             "history": list(self.history),
             "improvements": [list(i) for i in self.improvements],
             "peak_tensors": list(self.peak_tensors),
+            "decisions": [d.to_json() for d in self.decisions],
         }
 
     @staticmethod
-    def from_json(data: Any) -> PlanSummary:
-        """The summary of a plan file; a missing or mistyped field is a one-line PlanError."""
+    def from_json(data: Any, version: int = PLAN_VERSION) -> PlanSummary:
+        """The summary of a plan file; a missing or mistyped field is a one-line PlanError.
+        A version-2 summary has no decisions."""
         if not isinstance(data, dict):
             raise PlanError("the plan's 'summary' field is not an object: re-run magis optimize")
         hints = typing.get_type_hints(PlanSummary)
-        values = {}
+        values: dict[str, Any] = {"decisions": ()}
+        if version >= 3:
+            if "decisions" not in data:
+                raise PlanError(
+                    "the plan's summary has no 'decisions' field: re-run magis optimize"
+                )
+            values["decisions"] = decisions_from_json(data["decisions"], "summary.decisions")
         for f in dataclasses.fields(PlanSummary):
+            if f.name == "decisions":
+                continue
             if f.name not in data:
                 raise PlanError(
                     f"the plan's summary has no {f.name!r} field: re-run magis optimize"
@@ -217,7 +234,7 @@ class Plan:
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise PlanError("not a magis plan (its 'format' field is missing or different)")
         version = data.get("version")
-        if version != PLAN_VERSION:
+        if version not in READABLE_VERSIONS or type(version) is not int:
             raise PlanError(
                 f"plan format version {version} is not {PLAN_VERSION}: re-run magis optimize"
                 " with this magis to make the plan again"
@@ -229,7 +246,7 @@ class Plan:
                 raise PlanError(
                     f"the plan's {key!r} field is not {'a list' if kind is list else 'an object'}"
                 )
-        summary = PlanSummary.from_json(data["summary"])
+        summary = PlanSummary.from_json(data["summary"], version)
         graph = graph_from_json(data["graph"])
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in data["order"]):
             raise PlanError("the plan's 'order' field must list node numbers")

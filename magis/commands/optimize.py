@@ -45,6 +45,7 @@ from magis.search import (
     optimize_graph,
     simulate_state,
 )
+from magis.search.decisions import full_trail
 from magis.sim import SimResult
 
 
@@ -191,6 +192,7 @@ def plan_from_search(result: SearchResult, setup: SearchSetup, wall_seconds: flo
         interrupted=result.interrupted,
         memory_figure=setup.figure.value,
         wall_seconds=wall_seconds,
+        decisions=full_trail(base, result.initial.sim, best.sim, best.decisions, best.history),
     )
     return Plan(best.graph, list(best.order), summary, setup.step)
 

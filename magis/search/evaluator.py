@@ -22,6 +22,7 @@ from magis.rules import Rewrite, Rewritten, Rule, RuleContext
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
+from magis.search.decisions import Decision
 from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
@@ -160,13 +161,26 @@ class Evaluator:
         if self.timed("simulate", tables, done.graph).copy_nodes:  # the storages, built once
             order = self.timed("schedule", time_swaps, done.graph, order, self.cost)
         order = tuple(order)  # one tuple for the state and its simulation
+        sim = self.simulate(done.graph, order)
+        decision = Decision.of_fission(
+            name,
+            state.graph,
+            state.sim,
+            lineage.tree,
+            tree,
+            done.graph,
+            mat.touched,
+            mat.removed,
+            sim,
+        )
         return replace(
             state,
             graph=done.graph,
             order=order,
-            sim=self.simulate(done.graph, order),
+            sim=sim,
             hash=h,
             history=(*state.history, name),
+            decisions=(*state.decisions, decision),
             frozen=done.frozen,
             fission=replace(lineage, tree=tree, materialized=done.materialized),
         )
@@ -206,7 +220,18 @@ class Evaluator:
             self.timed("schedule", reschedule, state.graph, state.order, result, self.cost)
         )
         sim = self.simulate(result.graph, order)  # shares the tuple
-        return MState(result.graph, order, sim, h, (*state.history, rewrite.rule), state.frozen)
+        decision = Decision.of_rewrite(
+            rewrite, state.graph, state.sim, result.graph, result.added, result.removed, sim
+        )
+        return MState(
+            result.graph,
+            order,
+            sim,
+            h,
+            (*state.history, rewrite.rule),
+            state.frozen,
+            decisions=(*state.decisions, decision),
+        )
 
     def polish(self, state: MState) -> MState:
         """The state's graph re-ordered in full by the DP scheduler (then Store/Load timing):

@@ -40,6 +40,7 @@ from magis.rules import (
 from magis.schedule import schedule
 from magis.search import fission_moves
 from magis.search.budget import Budget, PolishCost
+from magis.search.decisions import Decision
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.hashing import wl_hash
 from magis.search.options import MemoryFigure, SearchOptions
@@ -279,7 +280,8 @@ class _Search:
             self.evaluator.polish(best) if self.budget.polish.affordable(best.graph) else best
         )
         if self.objective.better(polished, best):
-            self.best = polished
+            reorder = Decision.reorder("reschedule", best.sim, polished.sim)
+            self.best = replace(polished, decisions=(*best.decisions, reorder))
             self.improvements.append(
                 Improvement(self.budget.elapsed(), polished.memory, polished.latency, "reschedule")
             )

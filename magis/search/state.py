@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from magis.ir import Graph
+from magis.search.decisions import Decision
 from magis.search.fission_moves import Lineage
 from magis.search.hashing import GraphHash
 from magis.sim import SimResult
@@ -30,6 +31,9 @@ class MState:
     # was an F-Tree mutation: then `graph` is the lineage's base with the tree's enabled nodes
     # materialized, and a mutation re-materializes from the base. Any other rule ends this.
     fission: Lineage | None = field(default=None, repr=False)
+    # What each move did and its figures before and after, oldest first (`decisions.py`):
+    # `history` in full, for `magis explain`.
+    decisions: tuple[Decision, ...] = field(default=(), repr=False)
 
     @property
     def memory(self) -> int:
