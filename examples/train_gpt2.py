@@ -11,6 +11,12 @@ step's peak (`plan.report()` says how close it came).
 
 It prints both loss curves at a few steps, the measured peak of one eager step and of one
 magis step (same tracker: live tensor storages plus the resident ones), and the plan's figures.
+
+`factory()` is the same model at the size GPT-2 is trained at, for the command line (magis
+builds it under fake tensors: nothing is allocated, nothing downloaded):
+
+    magis analyze examples/train_gpt2.py:factory
+    magis optimize examples/train_gpt2.py:factory --lat-limit 1.10 --time-budget 20
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ def batches(text: str, vocab: dict[str, int], batch: int, seq: int, seed: int):
 def loss_fn(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Next-character prediction, as Hugging Face computes it from labels=."""
     return model(input_ids=ids, labels=ids).loss
+
+
+def factory(batch: int = 8, seq: int = 1024):
+    """GPT-2 small as published (124M parameters, 12 layers, hidden 768, vocabulary 50257,
+    dropout 0.1) on a batch of `batch` x `seq` token ids, and the loss above: what
+    `magis analyze|optimize examples/train_gpt2.py:factory` plans for (`--batch` sets `batch`)."""
+    model = GPT2LMHeadModel(GPT2Config())
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    return model, (ids,), loss_fn
 
 
 def optimizer_and_schedule(model: torch.nn.Module, steps: int):

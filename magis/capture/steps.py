@@ -8,6 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from magis.capture.trace import Step, training_step
+from magis.capture.user_model import UserModel, is_model_file, model_file_step
 from magis.capture.workloads import Workload, get_workload
 
 
@@ -30,7 +31,7 @@ def workload_step(
     seed: int = 0,
     *,
     float64_when_tiny: bool = False,
-) -> tuple[Workload, Step]:
+) -> tuple[Workload | UserModel, Step]:
     """Build workload `name` and capture its training step (forward, backward, update).
 
     Paper-size workloads are built under a FakeTensorMode (nothing allocated); `tiny` and `small`
@@ -40,7 +41,12 @@ def workload_step(
     on: a `:tiny` workload without a `dtype` is built in float64, so that plans made for it
     verify to 1e-9 against eager PyTorch, and a plan saved by one command matches the step the
     next one captures.
+
+    `name` may also be a model file, `path/to/model.py:factory` (`magis.capture.user_model`):
+    built at full size under fake tensors unless `real`.
     """
+    if is_model_file(name):
+        return model_file_step(name, batch, dtype, optimizer, real=bool(real), seed=seed)
     wl = get_workload(name, batch)
     real = wl.size != "paper" if real is None else real
     if dtype is None and float64_when_tiny and wl.size == "tiny":

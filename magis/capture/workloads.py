@@ -100,16 +100,24 @@ def get_workload(name: str, batch: int | None = None) -> Workload:
     """The workload called `name` ("FAMILY" for paper size, "FAMILY:tiny", "FAMILY:small").
 
     `batch` overrides the workload's batch size. Raises `UnknownWorkloadError` for an unknown name.
+    `corpus:NAME` and `corpus:NAME:tiny` are the public corpus (`magis.capture.corpus`).
     """
+    if name.strip().startswith("corpus:"):
+        from magis.capture.corpus import corpus_workload
+
+        return _with_batch(corpus_workload(name), batch)
     family, _, size = name.strip().partition(":")
     size = size or "paper"
     if family not in _FAMILIES or size not in SIZES:
         known = ", ".join(WORKLOAD_FAMILIES)
         raise UnknownWorkloadError(
             f"unknown workload '{name}'; known: {known} (each also as NAME:tiny or NAME:small)"
-            " (run `magis workloads`)"
+            " (run `magis workloads`), or your own: path/to/model.py:factory"
         )
-    workload = _FAMILIES[family](size)
+    return _with_batch(_FAMILIES[family](size), batch)
+
+
+def _with_batch(workload: Workload, batch: int | None) -> Workload:
     if batch is None:
         return workload
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:

@@ -14,8 +14,9 @@ from rich.console import Console
 
 from magis.cli.exits import check_output_path, deferred_interrupt
 
-console = Console(stderr=False)
-err_console = Console(stderr=True)
+# no emoji codes: "model.py:factory: ..." is a path and a message, not ":factory:"
+console = Console(stderr=False, emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 
 def _json_path(value: Path | None) -> Path | None:

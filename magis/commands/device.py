@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from magis.capture import Step, get_workload, workload_step
+from magis.capture.user_model import is_model_file
 from magis.commands.shared import Progress, silent
 from magis.cost import NoDeviceError, get_cost_model
 from magis.errors import MagisError
@@ -89,8 +90,8 @@ def check_fits(
     """Refuse a paper-size `workload` whose run would not fit in `device`'s available memory,
     from a capture on fake tensors. `:tiny` and `:small` workloads are MiB-sized by design and
     are not checked (the check costs a second capture)."""
-    if get_workload(workload).size != "paper":
-        return
+    if not is_model_file(workload) and get_workload(workload).size != "paper":
+        return  # a model file is built at full size: checked as a paper-size workload
     progress("estimating its memory (fake tensors)")
     _, fake = workload_step(workload, dtype=dtype, real=False)
     needed, peak, resident = run_memory_estimate(fake)

@@ -1,0 +1,357 @@
+"""A user's own model from a file: `magis analyze|optimize path/to/model.py:factory`.
+
+The spec `path/to/model.py:NAME` names a function in a Python file (`path/to/model.py` alone
+means `NAME` = `factory`). The file is loaded by its path and runs as `python model.py` would
+run it, except that `if __name__ == "__main__":` blocks do not (it is the user's own code:
+magis runs it as given; its folder is on `sys.path` while it loads and while NAME runs, so
+its sibling modules import). Then NAME is called, and must return
+
+- `(model, batch)`: `model(*batch)` is the loss, a tensor of one element or an output with
+  `.loss` (a Hugging Face model given `labels=`); a dict batch is passed as keywords;
+- `(model, batch, loss_fn)`: `loss_fn(model, *batch)` (or `loss_fn(model, **batch)`) is the
+  loss, the convention of `magis.compile`.
+
+`model` is a `torch.nn.Module`, captured in the mode it is returned in (a new module is in
+training mode); `batch` is a tensor, a tuple or list of tensors, or a dict of tensors.
+
+As the zoo's paper-size workloads (`magis.capture.steps.workload_step`), NAME runs inside a
+`FakeTensorMode`: the model and batch are built at full size with nothing allocated, in the
+default dtype (`dtype=` sets it around the call: `module.to(torch.bfloat16)` does not work on
+fake parameters), with `torch.nn.init.trunc_normal_` made data-independent (`building.py`).
+The step captured is the zoo's: forward, backward and the zoo's update rule
+(`OptimizerSpec("sgd")`: p -= 1e-3 g, a constant of the graph), so a plan made for a file is
+made for the same kind of step as one made for a zoo workload. (`magis.compile` captures the
+user's own `torch.optim` optimizer; this is for analysis and planning from the command line.)
+
+A `--batch B` is handed to NAME as `batch=B` when NAME takes a `batch` parameter.
+
+Every way this goes wrong is one `ModelFileError` line that names the spec: the file missing
+or failing to load, no such function, a result of the wrong shape, a model that is no
+`nn.Module`, a batch that is not tensors, a value read while building under fake tensors, a
+capture that fails (with the ATen op it failed at, when torch names one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from magis.capture.building import data_independent_trunc_normal, default_dtype
+from magis.capture.trace import OptimizerSpec, Step, capture_training
+from magis.errors import MagisError
+
+DEFAULT_FUNCTION = "factory"
+_DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode")
+
+
+class ModelFileError(MagisError):
+    """A model file (`path/to/model.py:factory`) that cannot be loaded, called or captured."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a user's model comes from: `path` and the function `function` in it."""
+
+    spec: str  # as given on the command line
+    path: Path
+    function: str
+
+
+@dataclass(frozen=True)
+class UserModel:
+    """What a user's factory built, described as a zoo `Workload` is (name, size, dtype, batch).
+
+    `size` is "paper": the model is built at full size under fake tensors, as the zoo's
+    paper-size workloads are."""
+
+    name: str
+    model_class: str
+    parameters: int
+    dtype: torch.dtype
+    batch: int  # the leading dimension of the first batch tensor (1 for a 0-dim one)
+    size: str = "paper"
+
+    @property
+    def description(self) -> str:
+        return f"{self.model_class} from {self.name}, {self.parameters:,} parameters"
+
+
+def is_model_file(name: str) -> bool:
+    """Whether a workload name is a model file spec (`model.py:NAME` or `model.py`)."""
+    return ".py:" in name or name.strip().endswith(".py")
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    """`path/to/model.py:NAME` (or `path/to/model.py`, NAME `factory`) as a ModelSpec."""
+    text = spec.strip()
+    if text.endswith(".py"):
+        path, function = text, DEFAULT_FUNCTION
+    else:
+        path, _, function = text.rpartition(":")
+    if not function.isidentifier():
+        raise ModelFileError(f"{spec}: {function!r} is not a function name (path/to/model.py:NAME)")
+    return ModelSpec(spec.strip(), Path(path).expanduser(), function)
+
+
+@contextlib.contextmanager
+def _folder_on_path(folder: Path) -> Iterator[None]:
+    """`folder` first on `sys.path` for the block, as `python model.py` puts the script's."""
+    entry = str(folder)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
+
+
+def load_module(spec: ModelSpec) -> ModuleType:
+    """The model file loaded as a module (its top level runs; `__main__` blocks do not)."""
+    path = spec.path
+    if not path.is_file():
+        where = "is a folder" if path.is_dir() else "not found"
+        raise ModelFileError(f"{spec.spec}: {path} {where} (give path/to/model.py:NAME)")
+    name = "magis_model_" + re.sub(r"\W", "_", path.resolve().as_posix())
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ModelFileError(f"{spec.spec}: {path} cannot be loaded as Python (name it *.py)")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up by name
+    try:
+        with _folder_on_path(path.resolve().parent):
+            loader_spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any error of the user's file is one line
+        sys.modules.pop(name, None)
+        raise ModelFileError(f"{spec.spec}: loading {path} failed: {_one_line(exc)}") from exc
+    return module
+
+
+def load_factory(spec: ModelSpec) -> Callable:
+    """The function `spec.function` of the model file."""
+    module = load_module(spec)
+    factory = getattr(module, spec.function, None)
+    if factory is None:
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_")
+        )
+        listed = ", ".join(defined) if defined else "no functions"
+        raise ModelFileError(
+            f"{spec.spec}: {spec.path} has no function {spec.function!r} (it defines {listed})"
+        )
+    if not callable(factory):
+        raise ModelFileError(f"{spec.spec}: {spec.function} is {_kind(factory)}, not a function")
+    return factory
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _kind(value: object) -> str:
+    """`value`'s type with its article: "an int", "a str"."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _is_data_dependent(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ in _DATA_DEPENDENT:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _aten_op(exc: BaseException) -> str | None:
+    """The first ATen op named in `exc` or its causes (torch names the op it failed at)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        found = re.search(r"aten\.\w+(?:\.\w+)?", str(seen))
+        if found:
+            return found.group(0)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _factory_kwargs(spec: ModelSpec, factory: Callable, batch: int | None) -> dict:
+    if batch is None:
+        return {}
+    try:
+        takes_batch = "batch" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        takes_batch = False
+    if not takes_batch:
+        raise ModelFileError(
+            f"{spec.spec}: --batch {batch} needs {spec.function}() to take a `batch` parameter"
+        )
+    return {"batch": batch}
+
+
+def call_factory(
+    spec: ModelSpec,
+    factory: Callable,
+    *,
+    batch: int | None = None,
+    dtype: torch.dtype | None = None,
+    real: bool = False,
+    seed: int = 0,
+) -> tuple:
+    """`factory()` under fake tensors (or real ones with `real`), in `dtype`, seeded."""
+    kwargs = _factory_kwargs(spec, factory, batch)
+    mode = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with (
+            _folder_on_path(spec.path.resolve().parent),
+            default_dtype(dtype or torch.get_default_dtype()),
+            data_independent_trunc_normal(),
+            mode,
+        ):
+            torch.manual_seed(seed)
+            return factory(**kwargs)
+    except MagisError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: any error is one line
+        if _is_data_dependent(exc):
+            raise ModelFileError(
+                f"{spec.spec}: {spec.function}() reads a tensor's value while building "
+                "(.item(), .tolist(), a branch on data), which fake tensors cannot: compute "
+                "that value from Python numbers"
+            ) from exc
+        raise ModelFileError(f"{spec.spec}: {spec.function}() raised {_one_line(exc)}") from exc
+
+
+@dataclass(frozen=True)
+class Factored:
+    """A factory's result, checked: the model, the batch's tensors and names, the loss."""
+
+    spec: str
+    model: torch.nn.Module
+    data: tuple[torch.Tensor, ...]
+    names: tuple[str, ...]
+    keywords: bool  # the batch was a dict: tensors are passed by name
+    loss_fn: Callable | None
+
+
+def check_result(spec: ModelSpec, result: object) -> Factored:
+    """`result` as (model, batch[, loss_fn]), or a one-line error saying what it is instead."""
+    where = f"{spec.spec}: {spec.function}()"
+    if not isinstance(result, tuple | list) or len(result) not in (2, 3):
+        got = f"{len(result)} values" if isinstance(result, tuple | list) else _kind(result)
+        raise ModelFileError(
+            f"{where} must return (model, batch) or (model, batch, loss_fn); got {got}"
+        )
+    model, batch, *rest = result
+    loss_fn = rest[0] if rest else None
+    if not isinstance(model, torch.nn.Module):
+        raise ModelFileError(
+            f"{where} returned {_kind(model)} as the model; it must be a torch.nn.Module"
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise ModelFileError(f"{where} returned {_kind(loss_fn)} as loss_fn; it must be callable")
+    if isinstance(batch, dict):
+        names, values, keywords = tuple(map(str, batch)), tuple(batch.values()), True
+    else:
+        values = tuple(batch) if isinstance(batch, tuple | list) else (batch,)
+        names, keywords = tuple(f"input{i}" for i in range(len(values))), False
+    for name, value in zip(names, values, strict=True):
+        if not isinstance(value, torch.Tensor):
+            raise ModelFileError(
+                f"{where}: batch {name} is {_kind(value)}; the batch must be a tensor, "
+                "a tuple of tensors or a dict of tensors"
+            )
+    if not values:
+        raise ModelFileError(f"{where} returned an empty batch; give the model's example inputs")
+    return Factored(spec.spec, model, values, names, keywords, loss_fn)
+
+
+def _loss(f: Factored) -> Callable[..., torch.Tensor]:
+    """`loss(model, *data)` for capture: the user's loss_fn, or the model's own output."""
+    names, keywords, user_loss = f.names, f.keywords, f.loss_fn
+
+    def loss(model: torch.nn.Module, *data: torch.Tensor) -> torch.Tensor:
+        args, kwargs = ((), dict(zip(names, data, strict=True))) if keywords else (data, {})
+        if user_loss is not None:
+            return user_loss(model, *args, **kwargs)
+        return _own_loss(f, model(*args, **kwargs))
+
+    return loss
+
+
+def _own_loss(f: Factored, out: object) -> torch.Tensor:
+    """The loss a model returns itself: a one-element tensor, or an output with `.loss`."""
+    loss = out if isinstance(out, torch.Tensor) else getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    got = (
+        f"a tensor of shape {list(loss.shape)}"
+        if isinstance(loss, torch.Tensor)
+        else (f"{_kind(out)} without .loss")
+    )
+    raise ModelFileError(
+        f"{f.spec}: the model returned {got}, not a loss: return (model, batch, loss_fn) with "
+        "loss_fn(model, *batch) giving a scalar"
+    )
+
+
+def capture_factored(spec: ModelSpec, f: Factored, optimizer: str | None = "sgd") -> Step:
+    """The training step of a factory's model and batch: forward, loss, backward and the zoo's
+    update rule (`OptimizerSpec(optimizer)`; None: the gradients are outputs)."""
+    trained = [n for n, p in f.model.named_parameters() if p.requires_grad]
+    if not trained:
+        raise ModelFileError(f"{spec.spec}: the model has no parameter that requires a gradient")
+    rule = None if optimizer is None else OptimizerSpec(optimizer)
+    try:
+        return capture_training(
+            f.model, _loss(f), f.data, rule, params=trained, data_names=list(f.names)
+        )
+    except ModelFileError:
+        raise
+    except MagisError as exc:
+        op = _aten_op(exc)
+        at = f" (at {op})" if op and op not in str(exc) else ""
+        raise ModelFileError(f"{spec.spec}: capturing its training step failed{at}: {exc}") from exc
+
+
+def _describe(spec: ModelSpec, f: Factored) -> UserModel:
+    params = list(f.model.parameters())
+    floating = [p.dtype for p in params if p.dtype.is_floating_point]
+    first = f.data[0]
+    return UserModel(
+        name=spec.spec,
+        model_class=type(f.model).__name__,
+        parameters=sum(p.numel() for p in params),
+        dtype=floating[0] if floating else torch.get_default_dtype(),
+        batch=first.shape[0] if first.dim() else 1,
+    )
+
+
+def model_file_step(
+    name: str,
+    batch: int | None = None,
+    dtype: torch.dtype | None = None,
+    optimizer: str | None = "sgd",
+    real: bool = False,
+    seed: int = 0,
+) -> tuple[UserModel, Step]:
+    """Load `name` (`path/to/model.py:NAME`), build its model and batch under fake tensors (real
+    ones with `real`) and capture the training step; see the module docstring."""
+    spec = parse_spec(name)
+    factory = load_factory(spec)
+    result = call_factory(spec, factory, batch=batch, dtype=dtype, real=real, seed=seed)
+    factored = check_result(spec, result)
+    return _describe(spec, factored), capture_factored(spec, factored, optimizer)

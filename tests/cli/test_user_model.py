@@ -1,0 +1,175 @@
+"""Your own model from the command line: `magis analyze|optimize path/to/model.py:factory`
+(issue #17, item 4), built at full size under fake tensors as the zoo is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from magis.capture import workload_step
+from magis.capture.user_model import ModelFileError, is_model_file, parse_spec
+from magis.cli import main
+from magis.ir import PlaceholderKind
+from magis.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODELS = '''
+import torch
+import torch.nn.functional as F
+
+
+def factory():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    return model, (x, y), lambda m, x, y: F.cross_entropy(m(x), y)
+
+
+class Scored(torch.nn.Module):
+    """Returns its own loss, from keyword inputs (as a Hugging Face model given labels=)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 3)
+
+    def forward(self, features, labels):
+        return F.cross_entropy(self.proj(features), labels)
+
+
+def keywords(batch=4):
+    return Scored(), {"features": torch.randn(batch, 6), "labels": torch.randint(0, 3, (batch,))}
+
+
+def returns_int():
+    return 3
+
+
+def not_a_module():
+    return "model", torch.randn(2, 4)
+
+
+def batch_of_strings():
+    return torch.nn.Linear(4, 4), ("text", torch.randn(2, 4))
+
+
+def no_loss():
+    return torch.nn.Linear(4, 4), torch.randn(2, 4)
+
+
+def reads_a_value():
+    n = int(torch.randn(()).abs().item()) + 2
+    return torch.nn.Linear(n, n), torch.randn(2, n)
+
+
+def raises():
+    raise ValueError("the data folder is missing")
+
+
+def data_dependent_loss():
+    loss = lambda m, x: m(x)[torch.nonzero(x)].sum()  # noqa: E731
+    return torch.nn.Linear(4, 4), torch.randn(2, 4), loss
+'''
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    path = tmp_path / "models.py"
+    path.write_text(MODELS)
+    return path
+
+
+def test_spec_forms():
+    assert is_model_file("a/b.py:factory") and is_model_file("b.py")
+    assert not is_model_file("bert-base:tiny") and not is_model_file("bert-base")
+    assert parse_spec("b.py").function == "factory"
+    assert parse_spec("dir/b.py:make").function == "make"
+    with pytest.raises(ModelFileError, match="not a function name"):
+        parse_spec("b.py:1x")
+
+
+def test_a_factory_is_captured_at_full_size_on_fake_tensors(models):
+    info, step = workload_step(f"{models}:factory")
+    assert info.size == "paper" and info.batch == 8 and info.model_class == "Sequential"
+    assert info.parameters == 16 * 32 + 32 + 32 * 4 + 4
+    weights = step.graph.placeholders(PlaceholderKind.WEIGHT)
+    assert len(weights) == 4
+    # the zoo's SGD update: each weight is written in place, no optimizer state
+    assert not step.graph.placeholders(PlaceholderKind.OPT_STATE)
+    assert isinstance(step.example_inputs[0], torch._subclasses.fake_tensor.FakeTensor)
+
+
+def test_dict_batch_own_loss_and_batch_override(models):
+    info, step = workload_step(f"{models}:keywords", batch=5)
+    assert info.batch == 5
+    data = [step.graph.node(p) for p in step.graph.placeholders(PlaceholderKind.DATA)]
+    assert [d.name for d in data] == ["features", "labels"]
+    assert list(data[0].outputs[0].shape) == [5, 6]
+
+
+def test_analyze_and_optimize_a_model_file(magis_cli, models, tmp_path):
+    spec = f"{models}:factory"
+    report = tmp_path / "a.json"
+    res = magis_cli("analyze", spec, "--json", str(report))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(report.read_text())
+    assert data["workload"] == spec and data["nodes"] > 10 and data["peak_bytes"] > 0
+    plan = tmp_path / "plan.json"
+    res = magis_cli(
+        "optimize", spec, "--lat-limit", "1.10", "--max-states", "20", "--save", str(plan)
+    )
+    assert res.returncode in (0, 3), res.stderr
+    assert "Traceback" not in res.stderr
+    saved = Plan.load(plan)
+    assert saved.summary.workload == spec and saved.summary.states_explored > 0
+
+
+def _invoke(capsys, *args: str) -> tuple[int, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("function", "words"),
+    [
+        ("returns_int", "must return (model, batch) or (model, batch, loss_fn); got an int"),
+        ("not_a_module", "returned a str as the model; it must be a torch.nn.Module"),
+        ("batch_of_strings", "batch input0 is a str; the batch must be a tensor"),
+        ("no_loss", "the model returned a tensor of shape [2, 4], not a loss"),
+        ("reads_a_value", "reads a tensor's value while building"),
+        ("raises", "raises() raised ValueError: the data folder is missing"),
+        ("data_dependent_loss", "capturing its training step failed (at aten.nonzero"),
+        ("missing", "has no function 'missing' (it defines batch_of_strings, data_dependent_loss"),
+    ],
+)
+def test_bad_factories_are_one_line_errors(capsys, models, function, words):
+    code, err = _invoke(capsys, "analyze", f"{models}:{function}")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: {models}:{function}: ") and words in lines[0], lines[0]
+
+
+def test_missing_file_broken_file_and_batch_without_parameter(capsys, tmp_path, models):
+    code, err = _invoke(capsys, "analyze", f"{tmp_path}/nowhere.py:factory")
+    assert code == 1 and "nowhere.py not found" in err
+    broken = tmp_path / "broken.py"
+    broken.write_text("def factory(:\n")
+    code, err = _invoke(capsys, "analyze", f"{broken}:factory")
+    assert code == 1 and "loading" in err and "SyntaxError" in err and len(err.splitlines()) == 1
+    code, err = _invoke(capsys, "analyze", f"{models}:factory", "--batch", "3")
+    assert code == 1 and "--batch 3 needs factory() to take a `batch` parameter" in err
+
+
+def test_the_drop_in_example_has_a_factory():
+    """examples/train_gpt2.py:factory is GPT-2 small (124M parameters) on token ids, with the
+    loss its users write (`model(input_ids=ids, labels=ids).loss`), captured without memory."""
+    info, step = workload_step(f"{ROOT / 'examples' / 'train_gpt2.py'}:factory", batch=1)
+    assert info.model_class == "GPT2LMHeadModel" and info.parameters > 120_000_000
+    ids = step.graph.node(step.graph.placeholders(PlaceholderKind.DATA)[0]).outputs[0]
+    assert list(ids.shape) == [1, 1024]
