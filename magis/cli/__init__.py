@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from magis.cli.bench import bench_app
 from magis.cli.exits import ExitCode, Interrupted, check_input_file, exit_code_of
+from magis.cli.explain import explain_cmd
 from magis.cli.optimize import optimize_cmd
 from magis.cli.output import (
     HARDWARE_HELP,
@@ -206,6 +207,7 @@ def run_cmd(
 
 
 app.command("optimize")(optimize_cmd)
+app.command("explain")(explain_cmd)
 
 
 @app.command("schedule")

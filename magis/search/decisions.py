@@ -206,7 +206,7 @@ class Decision:
         return Decision(
             rule,
             DecisionKind.REORDER,
-            "the same graph in a new order",
+            _REORDERS.get(rule, "the same graph in a new order"),
             (),
             (),
             (),
@@ -275,15 +275,17 @@ class Decision:
         )
 
 
+_REORDERS = {
+    "dp-schedule": "the program re-ordered by the DP scheduler (the search's start, §6.1)",
+    "reschedule": "the best graph re-ordered in full by the DP scheduler",
+}
 _JSON_KEYS = frozenset(
     {"rule", "kind", "description", "created", "removed", "modules", "splits", "before", "after"}
 )
 
 
 def decisions_from_json(value: Any, where: str = "decisions") -> tuple[Decision, ...]:
-    return tuple(
-        Decision.from_json(d, f"{where}[{i}]") for i, d in enumerate(_list(value, where))
-    )
+    return tuple(Decision.from_json(d, f"{where}[{i}]") for i, d in enumerate(_list(value, where)))
 
 
 def full_trail(
