@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from magis.analyze import FTree, build_ftree
 from magis.capture import Step, workload_step
@@ -97,13 +98,21 @@ def analyze(
     progress: Progress = silent,
     ftree: bool = False,
     max_level: int = 4,
+    export_trace: Path | None = None,
+    export_snapshot: Path | None = None,
 ) -> AnalyzeReport:
     """Capture workload `workload` (paper size unless `:tiny`/`:small`) and analyze it; with
-    `ftree`, also build its F-Tree (MAGIS Alg. 1, max-level `max_level`)."""
+    `ftree`, also build its F-Tree (MAGIS Alg. 1, max-level `max_level`); with `export_trace`
+    or `export_snapshot`, write its schedule there (`magis.commands.export`)."""
     progress("capturing")
     start = time.perf_counter()
     _, step = workload_step(workload, batch)
     rep = analyze_step(step, workload, hardware, progress, time.perf_counter() - start)
+    if export_trace is not None or export_snapshot is not None:
+        from magis.commands.export import export_timelines
+
+        cost = prepare_cost(hardware, step.graph, progress)
+        export_timelines(step.graph, cost, export_trace, export_snapshot, progress)
     if not ftree:
         return rep
     progress("building the F-Tree")
