@@ -33,6 +33,7 @@ from magis.cli.output import (
     spinner,
     write_json,
 )
+from magis.cli.report import SnapshotOpt, TraceOpt, report_cmd
 from magis.cli.tables import (
     show_analysis,
     show_ftree,
@@ -107,6 +108,8 @@ def analyze_cmd(
         bool, typer.Option("--ftree", help="Also build and print the F-Tree (MAGIS Alg. 1).")
     ] = False,
     max_level: Annotated[int, typer.Option("--max-level", help="Alg. 1's L.", min=1)] = 4,
+    export_trace: TraceOpt = None,
+    export_snapshot: SnapshotOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
     """Capture a workload's training step and show its memory and time profile."""
@@ -114,7 +117,16 @@ def analyze_cmd(
 
     cost = _cost(hardware)
     with spinner(f"analyzing {workload}") as progress:
-        rep = analyze(workload, cost, batch, progress, ftree=ftree, max_level=max_level)
+        rep = analyze(
+            workload,
+            cost,
+            batch,
+            progress,
+            ftree=ftree,
+            max_level=max_level,
+            export_trace=export_trace,
+            export_snapshot=export_snapshot,
+        )
     show_analysis(rep)
     if rep.ftree is not None:
         show_ftree(rep.ftree, rep.ftree_seconds)
@@ -207,6 +219,7 @@ def run_cmd(
 
 
 app.command("optimize")(optimize_cmd)
+app.command("report")(report_cmd)
 app.command("explain")(explain_cmd)
 
 
