@@ -219,6 +219,45 @@ def _topo_pos(graph: Graph) -> dict[int, int]:
     return graph.derived(_TOPO_POS, lambda: {n: i for i, n in enumerate(graph.topological_order())})
 
 
+def without_input_reductions(graph: Graph, f: FTrans) -> FTrans:
+    """f without the reductions over D that read only the graph's inputs, and what they read.
+
+    A mean loss split into sum / count (`magis.rules.fission_prepare`) counts the valid targets
+    with a reduction over the batch; the backward reads that count inside S, where each part
+    would see only its own partial count, so every region holding the loss was rejected (a
+    GPT-2's 3 x 1.6 GiB loss block stayed whole). The count depends on the targets alone: it
+    can run whole, before S, and S reads it as a shared input. Taking out a set that is closed
+    upwards inside S keeps S convex; the set is only taken out when it reads nothing computed
+    in S from activations (so no large tensor is left unsplit), else f is returned unchanged.
+    """
+    axis_of = f.axis_of()
+    dims = node_dims(graph)
+    partial = {
+        ref.node
+        for v in axis_of
+        for ref in slot_refs(graph, v)
+        if ref.node in axis_of and dims[ref.node].output_dim(ref.index, axis_of[ref.node]) is None
+    }
+    if not partial:
+        return f
+    peeled: set[int] = set()
+    stack = list(partial)
+    while stack:
+        v = stack.pop()
+        if v in peeled:
+            continue
+        peeled.add(v)
+        for ref in graph.node(v).inputs:
+            u = ref.node
+            if u in axis_of:
+                stack.append(u)
+            elif not graph.node(u).is_placeholder:
+                return f  # it reads a value computed outside S from activations: keep f
+    if len(peeled) >= len(axis_of):
+        return f
+    return FTrans(tuple((v, a) for v, a in f.split if v not in peeled), f.n)
+
+
 def split_of_component(graph: Graph, nodes, component: int) -> FTrans | Rejected:
     """The F-Trans splitting `nodes` along D-Graph component `component`: each node must have
     exactly one vertex in it (§4.2 (3), no redundant computation)."""

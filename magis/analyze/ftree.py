@@ -39,7 +39,13 @@ import numpy as np
 
 from magis.analyze.dgraph import dgraph, node_dims
 from magis.analyze.dominators import VIRTUAL, DomTree, dominator_tree
-from magis.analyze.ftrans import FTrans, Rejected, check, split_of_component
+from magis.analyze.ftrans import (
+    FTrans,
+    Rejected,
+    check,
+    split_of_component,
+    without_input_reductions,
+)
 from magis.ir import Graph, Ref
 
 DEFAULT_MAX_LEVEL = 4
@@ -273,6 +279,8 @@ def _candidates(
 def _checked(graph: Graph, members: list[int], c: int, n: int):
     """The F-Trans splitting `members` along component c, checked, or why it is rejected."""
     f = split_of_component(graph, members, c)
+    if not isinstance(f, Rejected):
+        f = without_input_reductions(graph, f)
     info = check(graph, f) if not isinstance(f, Rejected) else f
     if not isinstance(info, Rejected) and info.length % n:
         info = Rejected(f"the score's n = {n} does not divide the length {info.length}")

@@ -32,6 +32,7 @@ from magis.commands.shared import (
     prepare_cost,
     silent,
 )
+from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.plan import Plan, PlanSummary, check_plan_graph
@@ -139,9 +140,12 @@ def find_plan(
     on_improvement: Callable[[Improvement], None] | None = None,
     max_states: int | None = None,
     before_polish: Callable[[Plan], None] | None = None,
+    warm_start: bool = True,
+    progress: Progress = silent,
 ) -> Plan:
     """Run the search of MAGIS Alg. 3 for at most `time_budget` seconds (Ctrl-C stops it too)
-    and hand over its best state as a Plan.
+    and hand over its best state as a Plan. With `warm_start`, the baselines' best plans are
+    starting states (`magis.commands.warm_start`); their time counts in the budget.
 
     `before_polish` gets the best plan before the final re-ordering, which a second Ctrl-C can
     interrupt (the CLI saves it there)."""
@@ -151,13 +155,21 @@ def find_plan(
         with deferred_interrupt():  # a Ctrl-C now waits until the plan is handed over
             before_polish(plan_from_search(result, setup, time.perf_counter() - start))
 
+    warm = []
+    if warm_start:
+        share = None if max_states is not None else time_budget * WARM_START_SHARE
+        warm = baseline_warm_starts(
+            setup.step.graph, setup.cost, setup.objective, share, progress=progress
+        )
+    left = max(time_budget - (time.perf_counter() - start), 0.0)
     result = optimize_graph(
         setup.step.graph,
         setup.cost,
         setup.objective,
-        SearchOptions(time_budget=time_budget, max_states=max_states, memory_figure=setup.figure),
+        SearchOptions(time_budget=left, max_states=max_states, memory_figure=setup.figure),
         on_improvement,
         hand_over if before_polish is not None else None,
+        warm,
     )
     return plan_from_search(result, setup, wall_seconds=time.perf_counter() - start)
 

@@ -124,9 +124,27 @@ def directly_enableable(tree: FTree) -> Iterator[int]:
             yield i
 
 
-def enable_directly(tree: FTree, i: int) -> FTree:
-    """Node i enabled with its smallest fission number (see `directly_enableable`)."""
-    return _apply_enable(tree, i)
+def enable_directly(tree: FTree, i: int, n: int | None = None) -> FTree:
+    """Node i enabled with fission number `n` (default: its smallest; see
+    `directly_enableable`)."""
+    if n is None:
+        return _apply_enable(tree, i)
+    length = _effective_length(tree, i)
+    if n < 2 or length % n:
+        raise ValueError(f"n = {n} does not divide the length {length} of tree-node {i}")
+    return tree.with_n(i, n)
+
+
+def direct_fission_numbers(tree: FTree, i: int, wanted: Sequence[int]) -> list[int]:
+    """For each of `wanted`, the largest divisor of node i's length not above it (distinct,
+    ascending): the fission numbers a one-step enable offers."""
+    length = _effective_length(tree, i)
+    found = set()
+    for w in wanted:
+        best = max((d for d in range(2, min(w, length) + 1) if length % d == 0), default=None)
+        if best is not None:
+            found.add(best)
+    return sorted(found)
 
 
 FTREE_MUTATIONS: tuple[FTreeMutation, ...] = (

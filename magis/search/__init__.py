@@ -5,6 +5,7 @@ from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.optimizer import (
     Improvement,
     SearchResult,
+    WarmStart,
     default_rules,
     initial_state,
     optimize_graph,
@@ -23,6 +24,7 @@ __all__ = [
     "SearchOptions",
     "SearchResult",
     "SearchStats",
+    "WarmStart",
     "default_rules",
     "initial_state",
     "optimize_graph",

@@ -24,6 +24,7 @@ from magis.rules import (
     FTREE_MUTATIONS,
     Materialized,
     MutationKind,
+    direct_fission_numbers,
     directly_enableable,
     enable_directly,
     materialize,
@@ -161,6 +162,13 @@ def _all_moves(tree) -> Iterator[tuple[str, object]]:
 
 REANALYSIS_MOVES = 4
 DIRECT_MOVES = 3  # highest-score tree-nodes offered as one-step enables
+# ... each split in about 2, 4 and 8 at once. The latency cap of the queue ranks a child that
+# costs more time below its cheaper siblings, so reaching n = 8 by mutating 2 -> 4 -> 8 needs
+# the cap to rise twice between steps; on GPT-2 small (a whole-step region along the batch,
+# its loss block 3 x 1.6 GiB) a 40 s search enabled n = 2 and never came back to raise it.
+# Largest first: the search follows the first child that improves on the best, and a split
+# that breaks the latency limit is not an improvement, so the next smaller one is tried.
+DIRECT_FISSION_NUMBERS = (2, 4, 8)
 
 
 def _direct_moves(tree) -> Iterator[tuple[str, object]]:
@@ -170,8 +178,10 @@ def _direct_moves(tree) -> Iterator[tuple[str, object]]:
     and lift moves, each a materialization of seconds, outlasted a 180 s budget."""
     nodes = sorted(directly_enableable(tree), key=lambda i: -tree.nodes[i].score)
     for i in nodes[:DIRECT_MOVES]:
-        if tree.children(i):  # a leaf is the ordinary enable move
-            yield f"enable-direct {i}", lambda i=i: enable_directly(tree, i)
+        if not tree.children(i):  # a leaf is the ordinary enable move
+            continue
+        for n in reversed(direct_fission_numbers(tree, i, DIRECT_FISSION_NUMBERS)):
+            yield f"enable-direct {i}", lambda i=i, n=n: enable_directly(tree, i, n)
 
 
 def _level_moves(tree) -> Iterator[tuple[str, object]]:

@@ -38,7 +38,7 @@ from magis.rules import (
     RuleContext,
 )
 from magis.schedule import schedule
-from magis.search import fission_moves
+from magis.search import fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.decisions import Decision
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
@@ -59,6 +59,17 @@ def search_rules(options: SearchOptions) -> tuple[Rule, ...]:
     if options.seed is not None:
         rules = tuple(random.Random(options.seed).sample(rules, len(rules)))
     return rules
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A program another method made of the same step (a baseline's plan: a graph and its
+    order), handed to the search as a starting state beside its own (issue #16: the search is
+    never behind a peer, and improves from there)."""
+
+    name: str
+    graph: Graph
+    order: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -115,14 +126,20 @@ def optimize_graph(
     options: SearchOptions | None = None,
     on_improvement: Callable[[Improvement], None] | None = None,
     before_polish: Callable[[SearchResult], None] | None = None,
+    warm_starts: Sequence[WarmStart] = (),
 ) -> SearchResult:
     """Alg. 3 on `graph` under `objective`, within `options.time_budget` seconds (or
     `options.max_states` states). Ctrl-C ends it early with the best state so far.
+
+    `warm_starts` (other methods' programs of the same step) join the queue beside the
+    initial state; the best of them is the best state to beat from the start.
 
     `before_polish` is handed the result as it stands before the final re-ordering (which a
     second Ctrl-C may interrupt): a caller saves it there so that nothing is lost."""
     options = options if options is not None else SearchOptions()
     search = _Search.start(graph, cost, objective, options, on_improvement)
+    for warm in warm_starts:
+        search.add_warm_start(warm)
     interrupted = False
     try:
         while search.queue and not search.out_of_budget():
@@ -191,6 +208,25 @@ class _Search:
     def stats(self) -> SearchStats:
         return self.evaluator.stats
 
+    def add_warm_start(self, warm: WarmStart) -> None:
+        """Queue another method's program as a state (its rules' moves apply to it as to any
+        state; re-analysis gives it an F-Tree when it is the best one popped)."""
+        order = tuple(warm.order)
+        state = MState(
+            warm.graph,
+            order,
+            self.evaluator.simulate(warm.graph, order),
+            wl_hash(warm.graph),
+            (f"warm-start:{warm.name}",),
+        )
+        if not self.evaluator.is_new(state.hash.value):
+            return
+        self.ranking.observe(state, 0.0)
+        self.queue.push(state)
+        if self.objective.better(state, self.best):
+            self.best = state
+            self._improvement(f"warm-start:{warm.name}")
+
     def out_of_budget(self) -> bool:
         return self.budget.exhausted(self.stats.states_explored, self.best.graph)
 
@@ -199,6 +235,8 @@ class _Search:
         with the rest of its moves. A child better than the best is popped next, so the search
         follows an improving line at once instead of first evaluating every sibling; no move
         is dropped (Alg. 3 still sees them all in time)."""
+        if self.options.workers > 1:  # the same records, children built in parallel workers
+            return parallel.expand(self, state, moves)
         if moves is None:
             state = self._reanalysed(state)
             ctx = RuleContext(
