@@ -20,6 +20,16 @@ def mlp_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     return nn.functional.cross_entropy(out, y)
 
 
+@pytest.fixture(autouse=True)
+def no_plain_progress_lines(monkeypatch):
+    """The CLI's periodic progress lines (magis.cli.output) off: CLI tests read stderr for one
+    error line; tests/cli/test_progress.py turns them on where it checks them."""
+    import os
+
+    if "MAGIS_PROGRESS_INTERVAL" not in os.environ:
+        monkeypatch.setenv("MAGIS_PROGRESS_INTERVAL", "0")
+
+
 @pytest.fixture
 def float64():
     old = torch.get_default_dtype()

@@ -4,7 +4,9 @@ What the user is owed at each moment (issue 14's CLI edges):
 
 - before any work: the limits, the time budget and the paths are checked (exit 2);
 - after the program order is measured: a limit no plan can meet is refused with its bound;
-- during the search: Ctrl-C stops it and the best plan so far is kept (the search catches it);
+- during the search: its best figures, redrawn several times a second (plain lines every few
+  seconds where stdout is not a terminal); Ctrl-C stops it and the best plan so far is kept
+  (the search catches it);
 - before the final re-ordering: that plan is saved, so a second Ctrl-C loses nothing;
 - at the end: the plan is saved (a Ctrl-C waits until the file is whole), the exit code says
   whether the limit was met (3 when not) or the user interrupted (130, with where the plan is).
@@ -13,11 +15,13 @@ What the user is owed at each moment (issue 14's CLI edges):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from magis.cli.exits import (
     ExitCode,
@@ -26,7 +30,16 @@ from magis.cli.exits import (
     check_positive,
     deferred_interrupt,
 )
-from magis.cli.output import HardwareOpt, JsonOpt, console, err_console, spinner, write_json
+from magis.cli.output import (
+    Activity,
+    HardwareOpt,
+    JsonOpt,
+    console,
+    err_console,
+    showing,
+    spinner,
+    write_json,
+)
 from magis.cli.tables import optimize_table
 from magis.errors import MagisError
 from magis.plan import Plan
@@ -152,26 +165,51 @@ def optimize_cmd(
         raise typer.Exit(int(ExitCode.LIMIT_NOT_MET))
 
 
+@dataclass
+class SearchDisplay:
+    """The search's best figures as they stand, drawn from `activity` at every redraw (the
+    elapsed time is read then, not when the last improvement came)."""
+
+    workload: str
+    activity: Activity
+    memory: float = 1.0
+    latency: float = 1.0
+    improvements: int = 0
+
+    def improved(self, memory: float, latency: float) -> None:
+        self.memory, self.latency = memory, latency
+        self.improvements += 1
+
+    def table(self) -> Table:
+        return optimize_table(
+            self.workload, self.memory, self.latency, self.improvements, self.activity.elapsed()
+        )
+
+    def figures(self) -> str:
+        return (
+            f"{self.improvements} improvements, best memory {self.memory:.3f} "
+            f"latency {self.latency:.3f}"
+        )
+
+
+def search_display(workload: str, clock: Callable[[], float] = time.monotonic) -> SearchDisplay:
+    activity = Activity(f"optimizing {workload}", "searching", clock=clock)
+    display = SearchDisplay(workload, activity)
+    activity.figures = display.figures
+    return display
+
+
 def _search_live(workload: str, setup, time_budget: float, max_states, keeper) -> Plan:
     """The search with its best ratios on screen; the plan before the final re-ordering goes
     to `keeper`."""
-    from rich.live import Live
-
     from magis.commands.optimize import find_plan
 
-    start = time.perf_counter()
-    count = 0
-    with Live(
-        optimize_table(workload, 1.0, 1.0, 0, 0), console=console, refresh_per_second=4
-    ) as live:
+    display = search_display(workload)
 
-        def show(imp) -> None:
-            nonlocal count
-            count += 1
-            memory, latency = setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency)
-            elapsed = time.perf_counter() - start
-            live.update(optimize_table(workload, memory, latency, count, elapsed))
+    def show(imp) -> None:
+        display.improved(setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency))
 
+    with showing(display.activity, display.table, transient=False):
         return find_plan(
             setup,
             time_budget=time_budget,
