@@ -13,7 +13,8 @@ for `time_budget` seconds; the paper gives 3 minutes, our default is `DEFAULT_TI
 (20 searches: about 20 minutes on bert-base). A curve is the search's improvement records: under a
 latency limit, the memory ratio of the best state within it; under a memory limit, its latency
 ratio — from the first improvement that meets the limit (before that there is nothing within it
-to plot). Files are rewritten after every search, so Ctrl-C keeps what finished.
+to plot). Each search is a cell (`AblationCell`) that can run in a process pool or on Ray
+(`magis.bench.parallel`); files are rewritten after every search, so Ctrl-C keeps what finished.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from magis.bench import plots
 from magis.bench.compare import (
     Context,
     Progress,
-    capture_context,
     check_workloads,
     search,
+    workload_memo,
 )
 from magis.bench.compare_report import DEFAULT_TIME_BUDGET
 from magis.bench.constraints import CONSTRAINTS, Constraint
+from magis.bench.parallel import CellFailure, CellRunner, SerialRunner, run_cells
 from magis.search import Mode, SearchOptions, SearchResult
 
 
@@ -120,6 +122,7 @@ class AblationReport:
     program_peak_bytes: int = 0
     program_latency_s: float = 0.0
     curves: list[Curve] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # searches that raised, with the reason
     interrupted: bool = False
     seconds: float = 0.0
 
@@ -137,36 +140,90 @@ class AblationReport:
             "seconds": self.seconds,
             "out": str(o.out),
             "curves": [c.to_json() for c in self.curves],
+            "failures": self.failures,
         }
 
 
-def run_ablation(options: AblationOptions, progress: Progress | None = None) -> AblationReport:
-    """Every setting under every constraint on one workload; files rewritten after each search."""
+@dataclass(frozen=True)
+class AblationCell:
+    """One search: a setting under a constraint, on the workload named (captured where the
+    cell runs, once per process: `magis.bench.compare.workload_memo`)."""
+
+    workload: str
+    hardware: str
+    setting: Setting
+    constraint: Constraint
+    time_budget: float
+
+    def describe(self) -> str:
+        return f"{self.setting.name} {self.constraint.label} ({self.time_budget:g} s)"
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    program_peak_bytes: int
+    program_latency_s: float
+    curve: Curve
+    interrupted: bool = False
+
+
+def run_ablation_cell(cell: AblationCell) -> AblationResult:
+    ctx = workload_memo(cell.workload, cell.hardware).context
+    result = search(ctx, cell.constraint, cell.setting.options(cell.time_budget))
+    curve = curve_of(ctx, cell.setting, cell.constraint, result)
+    return AblationResult(ctx.base.peak_bytes, ctx.base.latency_s, curve, result.interrupted)
+
+
+def ablation_cells(options: AblationOptions) -> list[AblationCell]:
+    o = options
+    return [
+        AblationCell(o.workload, o.hardware, s, c, o.time_budget)
+        for s in o.settings
+        for c in o.constraints
+    ]
+
+
+def run_ablation(
+    options: AblationOptions, progress: Progress | None = None, runner: CellRunner | None = None
+) -> AblationReport:
+    """Every setting under every constraint on one workload, each search a cell run by
+    `runner` (serial when None); files rewritten after each search, curves in the serial
+    order whatever order they finish in. A search that raised is a curve-less FAILURE
+    (`AblationReport.failures`)."""
     check_workloads([options.workload])
     report = AblationReport(options)
-    total = 1 + len(options.settings) * len(options.constraints)
+    cells = ablation_cells(options)
+    runner = runner or SerialRunner()
+    curves: dict[int, Curve] = {}
     start = time.perf_counter()
+
+    def say(i: int) -> None:
+        _say(progress, cells[i].describe(), len(curves) + len(report.failures), len(cells))
+
+    if isinstance(runner, SerialRunner):
+        runner = SerialRunner(on_start=say)
     try:
-        _say(progress, f"{options.workload}: capture", 0, total)
-        ctx = capture_context(options.workload, options.hardware)
-        report.program_peak_bytes = ctx.base.peak_bytes
-        report.program_latency_s = ctx.base.latency_s
-        for s in options.settings:
-            for c in options.constraints:
-                _say(
-                    progress,
-                    f"{s.name} {c.label} ({options.time_budget:g} s)",
-                    1 + len(report.curves),
-                    total,
+        for done in run_cells(cells, run_ablation_cell, runner):
+            cell = cells[done.index]
+            if isinstance(done.result, CellFailure):
+                report.failures.append(
+                    f"{cell.setting.name} {cell.constraint.label}: {done.result.reason}"
                 )
-                result = search(ctx, c, s.options(options.time_budget))
-                report.curves.append(curve_of(ctx, s, c, result))
-                report.seconds = time.perf_counter() - start
-                write_outputs(report, figures=False)
-                if result.interrupted:
-                    raise KeyboardInterrupt
+            else:
+                report.program_peak_bytes = done.result.program_peak_bytes
+                report.program_latency_s = done.result.program_latency_s
+                curves[done.index] = done.result.curve
+            report.curves = [curves[i] for i in sorted(curves)]
+            report.seconds = time.perf_counter() - start
+            write_outputs(report, figures=False)
+            if not isinstance(runner, SerialRunner):
+                _say(progress, f"{cell.describe()} done", len(curves), len(cells))
+            if getattr(done.result, "interrupted", False):
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         report.interrupted = True
+    finally:
+        workload_memo.cache_clear()
     report.seconds = time.perf_counter() - start
     write_outputs(report)
     return report
@@ -263,6 +320,8 @@ def tables_markdown(report: AblationReport) -> str:
     for s in o.settings:
         cells = [_cell(found.get((s.name, c.label)), c) for c in o.constraints]
         lines.append(f"| {s.name} | " + " | ".join(cells) + " |")
+    if report.failures:
+        lines += ["", "## FAILURE reasons", ""] + [f"- {f}" for f in report.failures]
     if report.interrupted:
         lines += ["", "**Interrupted**: the table holds the searches that finished."]
     return "\n".join(lines) + "\n"

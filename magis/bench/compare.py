@@ -20,13 +20,18 @@ and below them — so a point on it is a real program the search built, and each
 same budget. Micro-batching (Fig. 12): `microbatch_points(workload, POFO, cost, factors)` on the
 ViT workloads by default (`MicrobatchScope`), factors 8, 16, 32 as in §7.2.4.
 
-Results are rewritten after every method of every workload (`results.csv`, `results.json`,
-`tables.md`, the PNG figures: `compare_report`), so a run stopped by Ctrl-C keeps everything it
+The run is a list of independent cells (`compare_cells`: a baseline on a workload, one MAGIS
+search, one workload's micro-batching), run here one after the other or side by side in a
+process pool or on Ray (`magis.bench.parallel`); each process captures a workload once
+(`workload_memo`). Results are rewritten as each cell finishes (`results.csv`, `results.json`,
+`tables.md`; the PNG figures as each workload completes: `compare_report`), in the serial
+run's order whatever the order cells finish in, so a run stopped by Ctrl-C keeps everything it
 finished.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,20 +46,11 @@ from magis.baselines import (
     get_baseline,
     pareto_front,
 )
-from magis.bench.compare_report import (
-    CompareOptions,
-    CompareReport,
-    Row,
-    WorkloadResult,
-    write_outputs,
-)
-from magis.bench.constraints import (
-    CONSTRAINTS,
-    MAGIS,
-    MICROBATCH,
-    PARETO,
-    Constraint,
-)
+from magis.bench.compare_cells import Board, CellResult, CompareCell, compare_cells
+from magis.bench.compare_cells import front as _front  # noqa: F401 - the tests' name for it
+from magis.bench.compare_report import CompareOptions, CompareReport, Row, write_outputs
+from magis.bench.constraints import CONSTRAINTS, MAGIS, MICROBATCH, PARETO, Constraint
+from magis.bench.parallel import CellRunner, SerialRunner, run_cells
 from magis.capture import Step, workload_step
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
@@ -105,74 +101,82 @@ def check_workloads(workloads: Iterable[str]) -> tuple[str, ...]:
     return workloads
 
 
-def run_compare(options: CompareOptions, progress: Progress | None = None) -> CompareReport:
-    """Every method on every workload under every constraint; files rewritten as rows come."""
+def run_compare(
+    options: CompareOptions, progress: Progress | None = None, runner: CellRunner | None = None
+) -> CompareReport:
+    """Every method on every workload under every constraint, as independent cells run by
+    `runner` (serial when None; `magis.bench.parallel`); files rewritten as each cell's rows
+    come, the figures as each workload completes. Ctrl-C keeps what finished."""
     check_methods(options.all_methods())
     check_workloads(options.workloads)
     report = CompareReport(options)
-    steps = _Steps(len(options.workloads) * _steps_per_workload(options), progress)
+    cells = compare_cells(options)
+    board = Board(report, cells)
+    runner = runner or SerialRunner()
     start = time.perf_counter()
+
+    def started(i: int) -> None:
+        if progress is not None:
+            progress(cells[i].describe(), len(board.results), len(cells))
+
     try:
-        for workload in options.workloads:
-            _run_workload(workload, options, report, steps)
+        for done in run_cells(cells, run_compare_cell, _announcing(runner, started)):
+            workload = board.add(done.index, done.result, done.cpu_seconds)
+            report.seconds = time.perf_counter() - start
+            write_outputs(report, figures=board.complete(workload))
+            if runner.name != "serial" and progress is not None:
+                progress(f"{cells[done.index].describe()} done", len(board.results), len(cells))
+            if getattr(done.result, "interrupted", False):
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         report.interrupted = True
+    finally:
+        workload_memo.cache_clear()  # this process's captures: the run is over
     report.seconds = time.perf_counter() - start
     write_outputs(report)
     return report
 
 
+def _announcing(runner: CellRunner, started: Callable[[int], None]) -> CellRunner:
+    """The serial runner announces each cell as it starts (a progress bar that names the
+    search running); the others report cells as they finish."""
+    if isinstance(runner, SerialRunner):
+        return SerialRunner(on_start=started)
+    return runner
+
+
 @dataclass
-class _Steps:
-    total: int
-    progress: Progress | None
-    done: int = 0
+class WorkloadMemo:
+    """One process's capture of a workload, and the baseline points computed on it there
+    (micro-batching reuses POFO's when it runs in the same process)."""
 
-    def start(self, description: str) -> None:
-        if self.progress is not None:
-            self.progress(description, self.done, self.total)
-
-    def finish(self, n: int = 1) -> None:
-        self.done += n
+    context: Context
+    outcomes: dict[str, list[Outcome]]
 
 
-def _steps_per_workload(options: CompareOptions) -> int:
-    magis = len(CONSTRAINTS) + len(options.pareto_memory_ratios)
-    methods = options.all_methods()
-    return 1 + len(methods) - (MAGIS in methods) + magis * (MAGIS in methods) + 1
+@functools.lru_cache(maxsize=2)
+def workload_memo(workload: str, hardware: str) -> WorkloadMemo:
+    """Per process: the cells of one workload run one after the other in a worker share one
+    capture (two kept: a worker moving on to the next workload may still get a late cell)."""
+    return WorkloadMemo(capture_context(workload, hardware), {})
 
 
-def _run_workload(
-    workload: str, options: CompareOptions, report: CompareReport, steps: _Steps
-) -> None:
-    start = time.perf_counter()
-    steps.start(f"{workload}: capture")
-    ctx = capture_context(workload, options.hardware)
-    steps.finish()
-    result = WorkloadResult(workload, ctx.base.peak_bytes, ctx.base.latency_s)
-    report.workloads.append(result)
-    cache: dict[str, list[Outcome]] = {}
-
-    def emit(rows: Iterable[Row]) -> None:
-        result.rows.extend(rows)
-        result.seconds = time.perf_counter() - start
-        write_outputs(report, figures=False)  # figures: once per workload (a second or two)
-
-    for method in options.all_methods():
-        if method == MAGIS:
-            magis_rows(ctx, options, steps, emit)
-            continue
-        steps.start(f"{workload}: {method}")
-        cache[method] = baseline_outcomes(method, ctx)
-        steps.finish()
-        emit(baseline_rows(ctx, method, cache[method]))
-    steps.start(f"{workload}: micro-batching")
-    if options.microbatch.covers(workload):
-        result.rows.extend(microbatch_rows(ctx, options.microbatch_factors, cache.get("pofo")))
-    steps.finish()
-    result.complete = True
-    result.seconds = time.perf_counter() - start
-    write_outputs(report)
+def run_compare_cell(cell: CompareCell) -> CellResult:
+    """One cell, wherever it runs (`magis.bench.parallel`): capture (memoized), then the
+    baseline's points, one MAGIS search, or the micro-batching series."""
+    memo = workload_memo(cell.workload, cell.hardware)
+    ctx = memo.context
+    figures = (ctx.base.peak_bytes, ctx.base.latency_s)
+    if cell.method == MAGIS:
+        result = search(ctx, cell.constraint, SearchOptions(time_budget=cell.time_budget))
+        rows = (magis_row(ctx, cell.constraint, result, cell.time_budget),) if cell.in_table else ()
+        records = tuple((i.memory, i.latency, cell.constraint.label) for i in result.improvements)
+        return CellResult(*figures, rows, records, result.interrupted)
+    if cell.method == MICROBATCH:
+        rows = microbatch_rows(ctx, cell.factors, memo.outcomes.get("pofo"))
+        return CellResult(*figures, tuple(rows))
+    memo.outcomes[cell.method] = baseline_outcomes(cell.method, ctx)
+    return CellResult(*figures, tuple(baseline_rows(ctx, cell.method, memo.outcomes[cell.method])))
 
 
 def capture_context(workload: str, hardware: str) -> Context:
@@ -263,27 +267,6 @@ def _figures_row(ctx, method, constraint, memory, latency, satisfied, reason, pa
 # --- MAGIS -----------------------------------------------------------------------------------
 
 
-def magis_rows(
-    ctx: Context, options: CompareOptions, steps: _Steps, emit: Callable[[Iterable[Row]], None]
-) -> None:
-    """One search per constraint, then the extra memory-limit searches; the Pareto rows come
-    from every improvement any of them recorded. Each row is emitted as soon as it exists."""
-    records: list[tuple[int, float, str]] = [(ctx.base.peak_bytes, ctx.base.latency_s, "program")]
-    extra = [Constraint(Mode.MEMORY_LIMIT, r) for r in options.pareto_memory_ratios]
-    for c in (*CONSTRAINTS, *extra):
-        steps.start(f"{ctx.workload}: magis {c.label} ({options.time_budget:g} s)")
-        result = search(ctx, c, SearchOptions(time_budget=options.time_budget))
-        steps.finish()
-        records += [(i.memory, i.latency, c.label) for i in result.improvements]
-        emit([magis_row(ctx, c, result, options.time_budget)] if c in CONSTRAINTS else [])
-        if result.interrupted:
-            raise KeyboardInterrupt
-    emit(
-        _figures_row(ctx, MAGIS, PARETO, m, lat, True, "", {"search": src})
-        for m, lat, src in _front(records)
-    )
-
-
 def search(ctx: Context, c: Constraint, options: SearchOptions) -> SearchResult:
     return optimize_graph(ctx.graph, ctx.cost, c.objective(ctx.base), options)
 
@@ -305,16 +288,6 @@ def magis_row(ctx: Context, c: Constraint, result: SearchResult, time_budget: fl
     return _figures_row(
         ctx, MAGIS, c.label, best.memory, best.latency, result.satisfied, reason, params
     )
-
-
-def _front(records: list[tuple[int, float, str]]) -> list[tuple[int, float, str]]:
-    """The records no other beats in both memory and latency (a latency within 1e-9 relative
-    of a smaller-memory record's is a tie: summation order, not a faster program)."""
-    front: list[tuple[int, float, str]] = []
-    for rec in sorted(records, key=lambda r: (r[0], r[1])):
-        if not front or rec[1] < front[-1][1] * (1 - 1e-9):
-            front.append(rec)
-    return front
 
 
 # --- micro-batching (Fig. 12) ----------------------------------------------------------------

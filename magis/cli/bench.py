@@ -34,6 +34,38 @@ def _out_folder(value: Path) -> Path:
     return check_output_folder(value, "--out")
 
 
+JobsOpt = Annotated[
+    int,
+    typer.Option(
+        "--jobs", min=1, help="Cells run side by side in this many local processes (or Ray CPUs)."
+    ),
+]
+
+
+def _ray_address(value: str | None) -> str | None:
+    if value is not None and (not value or value.startswith("-")):
+        raise UsageError(f"--ray {value!r}: give an address: local, auto or HOST:PORT")
+    return value
+
+
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        callback=_ray_address,
+        help="Each cell a Ray task: 'local' starts a Ray of --jobs CPUs here; 'auto' or "
+        "HOST:PORT joins a cluster (ray start --head). Needs pip install 'magis\\[ray]'.",
+    ),
+]
+
+
+def _runner(jobs: int, ray: str | None):
+    from magis.bench.parallel import make_runner
+
+    return make_runner(jobs, ray)
+
+
 BudgetOpt = Annotated[
     float,
     typer.Option("--time-budget", help="Seconds per MAGIS search (> 0).", callback=_budget),
@@ -108,6 +140,8 @@ def bench_compare_cmd(
     microbatch: Annotated[
         str, typer.Option("--microbatch", help="Fig. 12 on: vit (ViT only), all, none.")
     ] = "vit",
+    jobs: JobsOpt = 1,
+    ray: RayOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
     """MAGIS and every baseline under latency limits 1.05/1.10 and memory limits 0.8/0.4, Pareto
@@ -127,8 +161,9 @@ def bench_compare_cmd(
         out=out,
         microbatch=scope,
     )
+    runner = _runner(jobs, ray)
     with progress_bar("compare") as progress:
-        rep = run_compare(options, progress)
+        rep = run_compare(options, progress, runner)
     _print_compare(rep)
     _finish_bench(rep, out, json_path)
 
@@ -149,6 +184,8 @@ def bench_ablation_cmd(
     hardware: HardwareOpt = "rtx3090",
     time_budget: BudgetOpt = 60.0,
     out: OutOpt = Path("out/bench-ablation"),
+    jobs: JobsOpt = 1,
+    ray: RayOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
     """naive-fission, naive-sch-rules, max-level 2/4/8 under the four constraints: best-so-far
@@ -156,8 +193,9 @@ def bench_ablation_cmd(
     from magis.bench.ablation import AblationOptions, run_ablation, tables_markdown
 
     options = AblationOptions(workload, hardware, time_budget, out)
+    runner = _runner(jobs, ray)
     with progress_bar("ablation") as progress:
-        rep = run_ablation(options, progress)
+        rep = run_ablation(options, progress, runner)
     console.print(tables_markdown(rep))
     _finish_bench(rep, out, json_path)
 

@@ -34,6 +34,10 @@ class SearchOptions:
     rules are tried: the search is deterministic for one seed and `max_states`, and different
     seeds explore different plans (tests verify plans from several). `rules` None means
     `default_rules()`.
+
+    `workers` > 1 evaluates a popped state's children in that many worker processes (or Ray
+    actors: `ray` is "local" or a cluster's address), recorded in the serial order: the same
+    plan as one worker for a seed and `max_states` (`magis.search.parallel`).
     """
 
     time_budget: float = 180.0
@@ -47,6 +51,8 @@ class SearchOptions:
     naive_fission_seed: int | None = None
     memory_figure: MemoryFigure = MemoryFigure.THEORETICAL
     expansion_width: int = EXPANSION_WIDTH
+    workers: int = 1
+    ray: str | None = None
 
     @property
     def reanalyse(self) -> bool:

@@ -1,0 +1,273 @@
+"""A popped state's children evaluated by parallel workers, recorded in the serial order
+(MAGIS Alg. 3, lines 6-12; `SearchOptions.workers`).
+
+The serial search (`_Search.expand`) takes a popped state's moves one by one: build the child,
+drop it if its hash was seen, else record it; it stops at the first improvement or after
+`expansion_width` children and puts the state back with the rest of its moves. Here up to
+`workers` moves of the popped state are evaluated at once, each by a worker (a local process,
+or a Ray actor: `magis.search.workers`), but the main process RECORDS the outcomes in the
+serial order and stops where the serial search stops; an outcome evaluated past that point is
+kept with the state's remaining moves (`PendingMoves`) and recorded when the serial search
+would reach it. De-duplication is replayed here in that order too. So the recorded states, the
+queue and the plan are the serial search's: the same plan for a seed and `max_states`, which
+count recorded states only.
+
+What travels: a child stays in the worker that built it; the main process keeps its figures
+(`Summary`, all the queue orders by) and unpickles a child only when it becomes the best. A
+worker receives a state's pickled bytes only when it must expand a state it does not hold.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from magis.search.evaluator import Evaluator
+from magis.search.state import MState
+from magis.search.workers import (
+    Outcome,
+    RayMissingError,
+    Sid,
+    Summary,
+    Task,
+    WorkerError,
+    dumps,
+    import_ray,
+    loads,
+    start_local_workers,
+    start_ray_workers,
+)
+
+__all__ = ["RayMissingError", "WorkerError", "expand", "import_ray"]
+
+
+@dataclass
+class PendingMoves:
+    """A popped state's moves as the parallel search sees them: the next one the serial
+    search would take (`cursor`), the next to hand a worker, outcomes evaluated ahead of the
+    cursor, and the end of the moves once a worker found it."""
+
+    sid: Sid
+    cursor: int = 0
+    next_index: int = 0
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    end: int | None = None
+
+
+@dataclass
+class _Entry:
+    """A state some worker may need: which workers hold it, and its bytes once pickled."""
+
+    holders: set[int]
+    blob: bytes | None = None
+    state: MState | None = None  # the main process's copy, when it has one
+
+
+_SYNC = None  # `busy` value of a worker answering a direct call
+
+
+@dataclass
+class ParallelChildren:
+    """The workers of one search, the states they hold, what they know of the seen hashes."""
+
+    transport: Any  # start_local_workers(...) or start_ray_workers(...)
+    n: int
+    seen_log: list[int]
+    tree_log: list
+    cursors: list[tuple[int, int]]  # per worker: how much of each log it was sent
+    entries: dict[Sid, _Entry] = field(default_factory=dict)
+    sid_of: dict[int, Sid] = field(default_factory=dict)  # id() of a main-process state
+    drops: dict[int, list[Sid]] = field(default_factory=dict)
+    busy: dict[int, tuple[PendingMoves, int] | None] = field(default_factory=dict)
+    count: int = 0
+
+    @staticmethod
+    def start(search) -> ParallelChildren:
+        options, ev = search.options, search.evaluator
+        n = options.workers
+        setup = dumps((ev.cost, options))
+        if options.ray is not None:
+            transport = start_ray_workers(n, setup, options.ray)
+        else:
+            transport = start_local_workers(n, setup)
+        return ParallelChildren(
+            transport, n, list(ev.seen), list(ev.seen_trees), [(0, 0)] * n,
+            drops={w: [] for w in range(n)},
+        )  # fmt: skip
+
+    # --- states ----------------------------------------------------------------------------
+
+    def sid_for(self, state: MState | Summary) -> Sid:
+        if isinstance(state, Summary):
+            return state.sid
+        sid = self.sid_of.get(id(state))
+        if sid is None or self.entries.get(sid) is None or self.entries[sid].state is not state:
+            self.count += 1
+            sid = (-1, self.count)
+            self.entries[sid] = _Entry(set(), state=state)
+            self.sid_of[id(state)] = sid
+        return sid
+
+    def materialize(self, summary: Summary) -> MState:
+        """The child itself, fetched from the worker that built it."""
+        entry = self.entries[summary.sid]
+        if entry.state is None:
+            entry.state = loads(self._blob(summary.sid))
+            self.sid_of[id(entry.state)] = summary.sid
+        return entry.state
+
+    def release(self, sid: Sid) -> None:
+        """No worker needs this state any more."""
+        entry = self.entries.pop(sid, None)
+        if entry is None:
+            return
+        if entry.state is not None:
+            self.sid_of.pop(id(entry.state), None)
+        for w in entry.holders:
+            self.drops[w].append(sid)
+
+    def _blob(self, sid: Sid) -> bytes:
+        entry = self.entries[sid]
+        if entry.blob is None:
+            if entry.state is not None:
+                entry.blob = dumps(entry.state)
+            else:
+                entry.blob = self._call(min(entry.holders), "state", sid)
+        return entry.blob
+
+    # --- moves -----------------------------------------------------------------------------
+
+    def outcome(self, moves: PendingMoves) -> Outcome:
+        """The outcome of the move at the cursor, keeping idle workers on the next ones."""
+        while moves.cursor not in moves.outcomes:
+            self._fill(moves)
+            self._collect()
+        return moves.outcomes.pop(moves.cursor)
+
+    def _fill(self, moves: PendingMoves) -> None:
+        """Hand the moves after the cursor (up to one per worker) to idle workers."""
+        for wid in range(self.n):
+            if wid in self.busy:
+                continue
+            ahead = moves.next_index < moves.cursor + self.n
+            if not ahead or (moves.end is not None and moves.next_index >= moves.end):
+                return
+            self._submit(wid, moves, moves.next_index)
+            moves.next_index += 1
+
+    def _submit(self, wid: int, moves: PendingMoves, index: int) -> None:
+        entry = self.entries[moves.sid]
+        blob = None
+        if wid not in entry.holders:
+            blob = self._blob(moves.sid)
+            entry.holders.add(wid)
+        seen_at, trees_at = self.cursors[wid]
+        task = Task(
+            moves.sid,
+            index,
+            blob,
+            tuple(self.seen_log[seen_at:]),
+            tuple(self.tree_log[trees_at:]),
+            tuple(self.drops[wid]),
+        )
+        self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
+        self.drops[wid] = []
+        self.transport.submit(wid, "evaluate", task)
+        self.busy[wid] = (moves, index)
+
+    def _collect(self) -> tuple[int, Any]:
+        """Wait for one worker's answer; a move's outcome goes to its state's moves."""
+        wid, value = self.transport.next_reply(set(self.busy))
+        job = self.busy.pop(wid)
+        if job is not _SYNC:
+            moves, index = job
+            moves.outcomes[index] = value
+            if value.name is None:
+                moves.end = index if moves.end is None else min(moves.end, index)
+        return wid, value
+
+    def _call(self, wid: int, method: str, arg: Any) -> Any:
+        """Call one worker and wait for its answer (others' outcomes are kept meanwhile)."""
+        while wid in self.busy:
+            self._collect()
+        self.transport.submit(wid, method, arg)
+        self.busy[wid] = _SYNC
+        while True:
+            who, value = self._collect()
+            if who == wid:
+                return value
+
+    def replay(self, ev: Evaluator, out: Outcome) -> Summary | None:
+        """The serial evaluator's de-duplication of this outcome, here and now: the child, or
+        None (counted as the serial search counts it)."""
+        for part, seconds in out.breakdown.items():
+            ev.stats.breakdown[part] += seconds
+        ev.stats.meta_rejected += out.meta_rejected
+        if out.tree_key is not None:
+            if out.tree_key in ev.seen_trees:
+                ev.stats.duplicates += 1
+                return self._discard(out)
+            ev.seen_trees.add(out.tree_key)
+            self.tree_log.append(out.tree_key)
+        if out.hash is None or not ev.is_new(out.hash):
+            return self._discard(out)
+        self.seen_log.append(out.hash)
+        if out.child is None:  # the worker's copy of the seen hashes is older than ours
+            raise WorkerError(f"a worker skipped a hash the search had not seen: {out.hash}")
+        self.entries[out.child.sid] = _Entry({out.child.sid[0]})
+        return out.child
+
+    def _discard(self, out: Outcome) -> None:
+        if out.child is not None:
+            self.drops[out.child.sid[0]].append(out.child.sid)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _pool(search) -> ParallelChildren:
+    """The search's workers, started on its first expansion and stopped with it."""
+    pool = getattr(search, "parallel_children", None)
+    if pool is None:
+        pool = ParallelChildren.start(search)
+        search.parallel_children = pool
+        weakref.finalize(search, pool.close)
+    return pool
+
+
+def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
+    """`_Search.expand` with the children evaluated by `search.options.workers` workers:
+    the same records, in the same order, stopping at the same move."""
+    pool = _pool(search)
+    if moves is None:
+        if isinstance(state, MState):
+            state = search._reanalysed(state)
+        moves = PendingMoves(pool.sid_for(state))
+    evaluated = 0
+    while True:
+        if search.out_of_budget():
+            return
+        out = pool.outcome(moves)
+        moves.cursor += 1
+        if out.name is None:  # no more moves: the state is done with
+            pool.release(moves.sid)
+            return
+        child = pool.replay(search.evaluator, out)
+        if child is None:
+            continue
+        evaluated += 1
+        if _record(search, pool, out.name, child) or evaluated >= search.options.expansion_width:
+            search.queue.push(state, moves)
+            return
+
+
+def _record(search, pool: ParallelChildren, name: str, child: Summary) -> bool:
+    """`_Search._record` on the child's figures; the child itself is fetched only when it is
+    the new best (the search's best is always a whole state)."""
+    improved = search.objective.better(child, search.best)
+    kept = improved or search.ranking.worth_pushing(child, search.best)
+    search._record(name, pool.materialize(child) if improved else child)
+    if not kept:
+        pool.release(child.sid)
+    return improved

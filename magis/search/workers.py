@@ -1,0 +1,319 @@
+"""The worker side of parallel child evaluation (`magis.search.parallel`): what travels between
+the main process and a worker, the worker (`ChildWorker`), and the two ways to run workers:
+local processes and Ray actors.
+
+A worker keeps every state it built (a child stays where it was made) and receives a state's
+pickled bytes only when it must expand a state it does not hold. Its evaluator is the serial
+search's (`Evaluator`), except that the hashes and F-Trees it has seen are the main process's
+as of the task, only read: de-duplication is the main process's, in the serial order.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import pickle
+import signal
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from magis.errors import MagisError
+from magis.ir import DEFAULT_REGISTRY
+from magis.rules import RuleContext
+from magis.search.evaluator import Evaluator
+from magis.search.hashing import GraphHash
+from magis.search.state import MState
+
+Sid = tuple[int, int]  # a state's id: (the worker that built it, or -1 for the main, a count)
+
+
+class RayMissingError(MagisError):
+    """`--ray` asked for, Ray not installed."""
+
+
+def import_ray():
+    """The `ray` module, or a one-line error saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise RayMissingError("Ray is not installed: pip install 'magis[ray]'") from None
+    return ray
+
+
+def start_ray(ray, address: str | None, num_cpus: int | None) -> bool:
+    """Connect to Ray unless this process already is (a local Ray of `num_cpus` CPUs when
+    `address` is None); True when this call started it."""
+    if ray.is_initialized():
+        return False
+    if address is None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
+    return True
+
+
+# --- pickling states ---------------------------------------------------------------------------
+
+
+class _Pickler(pickle.Pickler):
+    # The op registry holds the FLOP formulas (closures): every process has its own copy.
+    def persistent_id(self, obj: Any) -> str | None:
+        return "registry" if obj is DEFAULT_REGISTRY else None
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid: str) -> Any:
+        return DEFAULT_REGISTRY
+
+
+def dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def loads(blob: bytes) -> Any:
+    return _Unpickler(io.BytesIO(blob)).load()
+
+
+# --- what goes between the main process and a worker -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A child the main process does not hold: its figures (all the queue orders by) and where
+    it lives. Stands for an MState in the queue."""
+
+    sid: Sid
+    memory: int
+    latency: float
+    hash: GraphHash
+    history: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Evaluate move `index` of state `sid` (`blob`: the state, when the worker lacks it).
+    `seen`/`trees`: hashes and F-Tree keys the main process recorded since this worker's last
+    task; `drop`: states no longer needed."""
+
+    sid: Sid
+    index: int
+    blob: bytes | None
+    seen: tuple[int, ...]
+    trees: tuple
+    drop: tuple[Sid, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One move evaluated: `name` None when the state has no move `index`; `hash` None when
+    the child could not be built (or failed the meta check); `child` None when it was not
+    built or the worker already knew its hash or tree."""
+
+    index: int
+    name: str | None
+    tree_key: tuple | None = None
+    hash: int | None = None
+    meta_rejected: bool = False
+    child: Summary | None = None
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+
+# --- the worker side ---------------------------------------------------------------------------
+
+
+class _TreeKeys(set):
+    """The worker's copy of the F-Trees the main process has seen. The evaluator's checks are
+    recorded, never added to: the main process decides, in the serial order."""
+
+    probe: tuple | None = None
+
+    def __contains__(self, key: object) -> bool:
+        self.probe = key  # type: ignore[assignment]
+        return super().__contains__(key)
+
+    def add(self, key: object) -> None:
+        self.probe = key  # type: ignore[assignment]
+
+
+class _MirrorEvaluator(Evaluator):
+    """An evaluator whose `seen` is the main process's, as of the task: a hash is only read."""
+
+    probe: int | None = None
+
+    def is_new(self, hash_value: int) -> bool:
+        self.probe = hash_value
+        return hash_value not in self.seen
+
+
+class ChildWorker:
+    """One worker: the states it holds, each popped state's move stream, its evaluator."""
+
+    def __init__(self, wid: int, setup: bytes) -> None:
+        from magis.search.optimizer import search_rules  # the optimizer imports this module
+
+        cost, options = loads(setup)
+        self.wid = wid
+        self.rules = search_rules(options)
+        self.hotspots_only = options.hotspots_only
+        self.evaluator = _MirrorEvaluator(cost, options.memory_figure, seen_trees=_TreeKeys())
+        self.states: dict[Sid, MState] = {}
+        self.streams: dict[Sid, tuple[Iterator, int]] = {}
+        self.count = 0
+
+    def evaluate(self, task: Task) -> Outcome:
+        for sid in task.drop:
+            self.states.pop(sid, None)
+            self.streams.pop(sid, None)
+        self.evaluator.seen.update(task.seen)
+        set.update(self.evaluator.seen_trees, task.trees)
+        if task.blob is not None:
+            self.states[task.sid] = loads(task.blob)
+        move = self._move(task.sid, task.index)
+        if move is None:
+            return Outcome(task.index, None)
+        name, make_child = move
+        ev, trees = self.evaluator, self.evaluator.seen_trees
+        ev.probe, trees.probe = None, None
+        rejected, before = ev.stats.meta_rejected, dict(ev.stats.breakdown)
+        child = make_child()
+        summary = None
+        if child is not None:
+            self.count += 1
+            sid = (self.wid, self.count)
+            self.states[sid] = child
+            summary = Summary(sid, child.memory, child.latency, child.hash, child.history)
+        spent = {k: v - before[k] for k, v in ev.stats.breakdown.items()}
+        return Outcome(
+            task.index,
+            name,
+            trees.probe,
+            ev.probe if ev.stats.meta_rejected == rejected else None,
+            ev.stats.meta_rejected != rejected,
+            summary,
+            spent,
+        )
+
+    def _move(self, sid: Sid, index: int):
+        """Move `index` of the state's stream (the serial search's `Evaluator.moves`), which
+        this worker walks forward only: the main process gives each worker rising indices."""
+        stream, position = self.streams.get(sid) or (self._stream(sid), 0)
+        move = None
+        while position <= index:
+            move = next(stream, None)
+            position += 1
+            if move is None:
+                break
+        self.streams[sid] = (stream, position)
+        return move
+
+    def _stream(self, sid: Sid) -> Iterator:
+        state = self.states[sid]
+        ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, self.hotspots_only)
+        return self.evaluator.moves(state, self.rules, ctx)
+
+    def state(self, sid: Sid) -> bytes:
+        return dumps(self.states[sid])
+
+
+def _serve(conn: Connection, wid: int, setup: bytes) -> None:
+    """A local worker process: answer the main process's calls until it hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    worker = ChildWorker(wid, setup)
+    while True:
+        try:
+            method, arg = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", getattr(worker, method)(arg)))
+        except Exception:  # noqa: BLE001 - sent back and raised there, as the serial search would
+            conn.send(("error", traceback.format_exc()))
+
+
+class WorkerError(RuntimeError):
+    """A worker raised while evaluating a move (the traceback is in the message)."""
+
+
+def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
+    """`n` worker processes on this machine, forked from a clean forkserver process (forking
+    one that has run torch is unsafe), or spawned where there is none."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        # the server imports magis (and torch) once; each worker forks from it ready to go
+        ctx.set_forkserver_preload(["magis.search.workers"])
+    conns, processes = [], []
+    for wid in range(n):
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_serve, args=(theirs, wid, setup), daemon=True)
+        p.start()
+        theirs.close()
+        conns.append(mine)
+        processes.append(p)
+    return LocalWorkers(conns, processes)
+
+
+@dataclass
+class LocalWorkers:
+    """Worker processes on this machine, one pipe each."""
+
+    conns: list[Connection]
+    processes: list
+
+    def submit(self, wid: int, method: str, arg: Any) -> None:
+        self.conns[wid].send((method, arg))
+
+    def next_reply(self, busy: set[int]) -> tuple[int, Any]:
+        ready = wait([self.conns[w] for w in sorted(busy)])
+        wid = self.conns.index(ready[0])
+        status, value = self.conns[wid].recv()
+        if status == "error":
+            raise WorkerError(f"worker {wid} failed:\n{value}")
+        return wid, value
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        for p in self.processes:
+            p.terminate()
+
+
+def start_ray_workers(n: int, setup: bytes, address: str) -> RayWorkers:
+    """`n` Ray actors of one CPU each: on a local Ray of `n` CPUs when `address` is "local"
+    (started here unless Ray already runs in this process), else on that cluster."""
+    ray = import_ray()
+    started = start_ray(ray, None if address == "local" else address, n)
+    actor = ray.remote(num_cpus=1)(ChildWorker)
+    return RayWorkers(ray, [actor.remote(wid, setup) for wid in range(n)], started)
+
+
+@dataclass
+class RayWorkers:
+    """Ray actors; a call's answer is an object reference until it is ready."""
+
+    ray: Any
+    actors: list
+    started: bool
+    pending: dict = field(default_factory=dict)  # object reference -> worker
+
+    def submit(self, wid: int, method: str, arg: Any) -> None:
+        self.pending[getattr(self.actors[wid], method).remote(arg)] = wid
+
+    def next_reply(self, busy: set[int]) -> tuple[int, Any]:
+        ready, _ = self.ray.wait(list(self.pending), num_returns=1)
+        wid = self.pending.pop(ready[0])
+        try:
+            return wid, self.ray.get(ready[0])
+        except Exception as exc:
+            raise WorkerError(f"worker {wid} failed: {exc}") from exc
+
+    def close(self) -> None:
+        for a in self.actors:
+            self.ray.kill(a)
+        if self.started:
+            self.ray.shutdown()
