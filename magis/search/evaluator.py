@@ -8,7 +8,6 @@ duplicates, rules applied, seconds per part).
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -103,9 +102,11 @@ class Evaluator:
         return report
 
     def moves(self, state: MState, rules: Sequence[Rule], ctx: RuleContext) -> Iterator[Move]:
-        """F-Tree mutations (while the lineage allows them), then every rule's rewrites taken
-        in turn, so the first moves tried cover every kind. F-Tree mutations go first: fission
-        is where the large reductions are (§7.2), and any other rule ends the lineage."""
+        """F-Tree mutations (while the lineage allows them) alternating with every rule's
+        rewrites taken in turn, so the first moves tried cover every kind. Fission has every
+        other turn: it is where the large reductions are (§7.2). (All F-Tree moves first, as
+        before, starved the other rules on large graphs: an encoder-decoder of 5,172 nodes
+        spent a 180 s search on 119 materializations, not one re-materialization or swap.)"""
         streams = []
         if state.fission is not None:
             limit = fission_moves.REANALYSIS_MOVES if state.fission.epoch else None
@@ -120,7 +121,7 @@ class Evaluator:
             ((rw.rule, lambda r=rw: self.child(state, r)) for rw in rule.match(ctx))
             for rule in rules
         ]
-        return itertools.chain(*streams, round_robin(others))
+        return round_robin([*streams, round_robin(others)])
 
     def fission_child(self, state: MState, build_tree, name: str) -> MState | None:
         """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
