@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from magis.cli.exits import UsageError, check_input_file, check_output_path
-from magis.cli.output import HARDWARE_HELP, JsonOpt, console, ms, write_json
+from magis.cli.output import HARDWARE_HELP, JsonOpt, console, ms, spinner, write_json
 
 MAX_TENSORS = 3  # names shown per row; --json has them all
 MAX_MODULES = 2
@@ -74,9 +74,14 @@ def explain_cmd(
     peak and the time it added (they add up to the plan's figures)."""
     from magis.commands.explain import explain_plan
 
-    rep = explain_plan(
-        plan, sort, export_trace=export_trace, export_snapshot=export_snapshot, hardware=hardware
-    )
+    with spinner(f"explaining {plan}"):  # loading a paper-size plan takes seconds
+        rep = explain_plan(
+            plan,
+            sort,
+            export_trace=export_trace,
+            export_snapshot=export_snapshot,
+            hardware=hardware,
+        )
     show_explanation(rep)
     for what, path in (("trace", rep.trace_path), ("memory snapshot", rep.snapshot_path)):
         if path is not None:

@@ -181,19 +181,22 @@ class SearchDisplay:
         self.improvements += 1
 
     def table(self) -> Table:
-        return optimize_table(
+        table = optimize_table(
             self.workload, self.memory, self.latency, self.improvements, self.activity.elapsed()
         )
+        table.caption = self.activity.stage or None  # warm starts, then the search
+        return table
 
     def figures(self) -> str:
+        plural = "" if self.improvements == 1 else "s"
         return (
-            f"{self.improvements} improvements, best memory {self.memory:.3f} "
+            f"{self.improvements} improvement{plural}, best memory {self.memory:.3f} "
             f"latency {self.latency:.3f}"
         )
 
 
 def search_display(workload: str, clock: Callable[[], float] = time.monotonic) -> SearchDisplay:
-    activity = Activity(f"optimizing {workload}", "searching", clock=clock)
+    activity = Activity(f"optimizing {workload}", clock=clock)
     display = SearchDisplay(workload, activity)
     activity.figures = display.figures
     return display
@@ -210,10 +213,13 @@ def _search_live(workload: str, setup, time_budget: float, max_states, keeper) -
         display.improved(setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency))
 
     with showing(display.activity, display.table, transient=False):
-        return find_plan(
+        plan = find_plan(
             setup,
             time_budget=time_budget,
             on_improvement=show,
             max_states=max_states,
             before_polish=keeper.keep if keeper.path is not None else None,
+            progress=display.activity.enter,
         )
+        display.activity.enter("")  # the table left on screen is the result, not a stage
+    return plan

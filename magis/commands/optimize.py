@@ -162,6 +162,7 @@ def find_plan(
             setup.step.graph, setup.cost, setup.objective, share, progress=progress
         )
     left = max(time_budget - (time.perf_counter() - start), 0.0)
+    progress("searching")
     result = optimize_graph(
         setup.step.graph,
         setup.cost,
