@@ -16,7 +16,7 @@ from html import escape
 import numpy as np
 
 WIDTH, HEIGHT = 880, 360
-LEFT, RIGHT, TOP, BOTTOM = 78, 24, 20, 46
+LEFT, RIGHT, TOP, BOTTOM = 84, 24, 20, 46
 MAX_POINTS = 1200  # a curve keeps each bucket's least and greatest value beyond this
 
 CATEGORY_COLOURS = {
@@ -40,12 +40,20 @@ class Curve:
     holders: Sequence[str] = field(default=())
 
 
-def size_text(n: float) -> str:
+def size_text(n: float, digits: int = 2) -> str:
     """Bytes as people read them (binary units)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
+            return f"{n / scale:.{digits}f} {unit}"
     return f"{n:.0f} B"
+
+
+def tick_size_text(n: float) -> str:
+    """An axis tick's bytes: round values, written without trailing zeros."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
 
 
 def time_text(s: float) -> str:
@@ -155,7 +163,7 @@ def memory_timeline_svg(curves: Sequence[Curve], limit: float | None) -> str:
         _ticks(0, longest - 1),
         _byte_ticks(top),
         lambda t: f"{t:.0f}",
-        size_text,
+        tick_size_text,
         "step of the schedule",
         "device memory",
     )
@@ -226,7 +234,7 @@ def breakdown_svg(rows: Sequence[tuple[str, dict[str, int]]]) -> str:
         x = px(t)
         body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="16" y2="{h - 64}" class="grid"/>')
         body.append(
-            f'<text x="{x:.1f}" y="{h - 50}" text-anchor="middle">{escape(size_text(t))}</text>'
+            f'<text x="{x:.1f}" y="{h - 50}" text-anchor="middle">{escape(tick_size_text(t))}</text>'
         )
     for j, (label, parts) in enumerate(rows):
         y = 20 + 46 * j
@@ -280,7 +288,7 @@ def pareto_svg(points: Sequence[Point], mem_limit: float | None, lat_limit: floa
         _ticks(lo - pad, hi + pad),
         _byte_ticks(max(peaks) * 1.1),
         time_text,
-        size_text,
+        tick_size_text,
         "simulated latency",
         "simulated peak memory",
     )

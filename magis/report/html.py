@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from magis.explain import explain
 from magis.ir import Graph
 from magis.plan import Plan
 from magis.report.figures import (
@@ -48,10 +49,11 @@ h1{font-size:22px;margin:8px 0 2px}h2{font-size:17px;margin:28px 0 8px;border-bo
 .sub{color:#555;margin:0 0 12px}.met{color:#2d7d2d;font-weight:600}.unmet{color:#b3261e;font-weight:600}
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 svg{display:block;max-width:100%;height:auto;font:12px system-ui,sans-serif}
 svg .grid{stroke:#e4e4e4}svg .label{fill:#444}svg .limit{stroke:#b3261e;stroke-dasharray:6 4}
-svg .limit-text{fill:#b3261e}svg .peak-head{font-weight:600}svg .peak-holder{fill:#444;font-size:11px}
+svg .limit-text{fill:#b3261e}svg .peak-head,svg .peak-holder,svg .limit-text{paint-order:stroke;
+stroke:#fbfbfb;stroke-width:3px;stroke-linejoin:round}svg .peak-head{font-weight:600}svg .peak-holder{fill:#444;font-size:11px}
 .note{color:#555;font-size:13px}code{background:#f4f4f4;padding:0 3px}
 """
 
@@ -197,14 +199,6 @@ def _breakdown_section(before: SimResult | None, after: SimResult) -> str:
 
 
 def _explain_section(plan: Plan) -> str:
-    try:
-        from magis.explain import explain
-    except ImportError:  # a magis without the explain layer: the rules the best state applied
-        rows = [(i + 1, rule) for i, rule in enumerate(plan.summary.history)]
-        return (
-            '<section id="explain"><h2>Decisions</h2><p class="note">Rules the best state '
-            "applied, oldest first:</p>" + _table(["step", "rule"], rows) + "</section>"
-        )
     doc = explain(plan).to_json()
     rows = [
         (

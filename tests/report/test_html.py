@@ -9,29 +9,12 @@ import re
 
 import pytest
 
-from magis.commands.optimize import find_plan, setup_workload_search
 from magis.commands.report import MeasuredRunError, read_measured, report
 from magis.cost import get_cost_model
-from magis.plan import Plan
 from magis.report.html import pareto_points, render_report
 from magis.sim import simulate
 
 SECTIONS = ("summary", "timeline", "breakdown", "explain", "pareto", "measured")
-
-
-@pytest.fixture(scope="module")
-def plan_file(tmp_path_factory):
-    """A bert-base:tiny plan, searched for 30 states (reproducible), saved and loaded back."""
-    setup = setup_workload_search("bert-base:tiny", mem_limit=0.8)
-    plan = find_plan(setup, max_states=30, time_budget=120)
-    path = tmp_path_factory.mktemp("plan") / "plan.json"
-    plan.save(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def plan(plan_file):
-    return Plan.load(plan_file)
 
 
 @pytest.fixture(scope="module")
