@@ -64,6 +64,14 @@ def time_text(s: float) -> str:
     return f"{s * 1e6:.1f} µs"
 
 
+def tick_time_text(s: float) -> str:
+    """An axis tick's seconds: round values, written without trailing zeros."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if abs(s) >= scale:
+            return f"{round(s / scale, 6):g} {unit}"
+    return f"{round(s * 1e6, 6):g} µs"
+
+
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values covering [lo, hi]."""
     if hi <= lo:
@@ -287,7 +295,7 @@ def pareto_svg(points: Sequence[Point], mem_limit: float | None, lat_limit: floa
     body = frame.axes(
         _ticks(lo - pad, hi + pad),
         _byte_ticks(max(peaks) * 1.1),
-        time_text,
+        tick_time_text,
         tick_size_text,
         "simulated latency",
         "simulated peak memory",

@@ -11,6 +11,7 @@ import pytest
 
 from magis.commands.report import MeasuredRunError, read_measured, report
 from magis.cost import get_cost_model
+from magis.errors import MagisError
 from magis.report.html import pareto_points, render_report
 from magis.sim import simulate
 
@@ -142,3 +143,31 @@ def test_cli_report_and_analyze_exports(plan_file, tmp_path, monkeypatch, capsys
     runs = json.loads(trace.read_text())["otherData"]["runs"]
     assert [r["name"] for r in runs] == ["program order", "dp order"]
     assert snap.read_bytes()[:1] == b"\x80"  # a pickle, as torch.cuda.memory._dump_snapshot
+
+
+def test_a_latency_limited_plan_of_a_users_step(tmp_path, float64):
+    """No workload to capture again: the program order is a note, not a curve; the latency
+    limit is a vertical line among the Pareto points, not a memory line."""
+    import torch
+    from torch import nn
+
+    import magis
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    step = magis.training_step(
+        model, (x, y), loss_fn=lambda o, x, y: nn.functional.cross_entropy(o, y)
+    )
+    path = tmp_path / "plan.json"
+    magis.optimize(step, lat_limit=1.1, max_states=5).save(path)
+    out = tmp_path / "r.html"
+    rep = report(path, out)
+    page = out.read_text()
+    assert not rep.program_order_drawn and rep.workload is None
+    assert "is not drawn" in page and "a captured step" in page
+    timeline = page[page.index('<section id="timeline">') : page.index('<section id="breakdown">')]
+    pareto = page[page.index('<section id="pareto">') : page.index('<section id="measured">')]
+    assert 'class="limit"' not in timeline and 'class="limit"' in pareto
+    with pytest.raises(MagisError, match="user's step"):
+        report(path, out, run=True)
