@@ -173,3 +173,17 @@ def test_the_drop_in_example_has_a_factory():
     assert info.model_class == "GPT2LMHeadModel" and info.parameters > 120_000_000
     ids = step.graph.node(step.graph.placeholders(PlaceholderKind.DATA)[0]).outputs[0]
     assert list(ids.shape) == [1, 1024]
+
+
+def test_a_plan_made_for_a_model_file_runs_and_verifies(capsys, models, tmp_path):
+    """`magis run model.py:factory --plan P` builds the model for real (it fits: checked first
+    on fake tensors), runs the plan and verifies it against eager PyTorch."""
+    spec, plan = f"{models}:factory", tmp_path / "plan.json"
+    code, err = _invoke(capsys, "optimize", spec, "--mem-limit", "0.9", "--max-states", "10",
+                        "--save", str(plan))  # fmt: skip
+    assert code in (0, 3) and plan.exists(), err
+    code, err = _invoke(
+        capsys, "run", spec, "--plan", str(plan), "--json", str(tmp_path / "r.json")
+    )
+    assert code == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["verified"] is True
