@@ -83,7 +83,9 @@ class Graph:
 
     # --- construction ---------------------------------------------------------------------
 
-    def add_placeholder(self, name: str, meta: TensorMeta, kind: PlaceholderKind) -> int:
+    def add_placeholder(
+        self, name: str, meta: TensorMeta, kind: PlaceholderKind, module: str = ""
+    ) -> int:
         node = Node(
             self._next_id,
             name,
@@ -91,6 +93,7 @@ class Graph:
             NodeKind.PLACEHOLDER,
             outputs=(meta,),
             placeholder_kind=kind,
+            module=module,
         )
         return self._insert(node)
 
@@ -102,6 +105,7 @@ class Graph:
         kwargs: dict[str, Any] | None = None,
         outputs: tuple[TensorMeta, ...] = (),
         writes_into: Ref | None = None,
+        module: str = "",
     ) -> int:
         kw = tuple(sorted((kwargs or {}).items()))
         inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
@@ -119,6 +123,7 @@ class Graph:
             tuple(outputs),
             writes_into=writes_into,
             inputs=inputs,
+            module=module,
         )
         nid = self._insert(node)
         for ref in inputs:
@@ -190,6 +195,31 @@ class Graph:
         for ref in node.inputs:
             self._dag.add_edge(self._index[ref.node], self._index[nid], "data")
         return nid
+
+    def restore_nodes(self, nodes: Iterable[Node]) -> None:
+        """`restore_node` for each of `nodes` in turn, the rustworkx graph grown by two batched
+        calls (same indices and edge order): a fission rebuild copies thousands of nodes per
+        split. On an error the graph is left half-built: rebuilders discard it."""
+        own, index = self._nodes, self._index
+        added: list[int] = []
+        for node in nodes:
+            if node.id in own:
+                raise GraphError(f"node id {node.id} is taken")
+            for ref in node.inputs:
+                self._check_ref(ref)
+            own[node.id] = node
+            written = self.overwritten_placeholder(node.id)
+            if written is not None:
+                self._writers[written] = node.id
+            added.append(node.id)
+        if not added:
+            return
+        index.update(zip(added, self._dag.add_nodes_from(added), strict=True))
+        self._next_id = max(self._next_id, max(added) + 1)
+        self._dag.add_edges_from(
+            [(index[r.node], index[nid], "data") for nid in added for r in own[nid].inputs]
+        )
+        self._invalidate()
 
     def add_control_dep(self, before: int, after: int) -> None:
         """`after` may only run once `before` has run (no data flows)."""
@@ -336,6 +366,10 @@ class Graph:
     def control_deps(self, nid: int) -> frozenset[int]:
         return frozenset(self._control.get(nid, ()))
 
+    def with_control_deps(self) -> list[int]:
+        """The nodes that have control dependencies, in program order."""
+        return [n for n in self._nodes if n in self._control] if self._control else []
+
     def predecessors(self, nid: int) -> list[int]:
         """Data and control predecessors: what must run before `nid`."""
         return [self._dag[i] for i in self._dag.predecessor_indices(self._index[nid])]
@@ -420,11 +454,13 @@ class Graph:
 
     # --- checks ---------------------------------------------------------------------------
 
-    def verify(self) -> None:
-        """Check the invariants every rewrite must keep; raise GraphError naming the culprit."""
+    def verify(self, nodes: Iterable[int] | None = None) -> None:
+        """Check the invariants every rewrite must keep; raise GraphError naming the culprit.
+        `nodes`: only these nodes' own (what a rewrite made; copies were checked before)."""
         if not rx.is_directed_acyclic_graph(self._dag):
             raise GraphError("the graph has a cycle")
-        for node in self._nodes.values():
+        own = self._nodes
+        for node in own.values() if nodes is None else (own[n] for n in nodes):
             for ref in node.inputs:
                 self._check_ref(ref)
             if node.writes_into is not None:

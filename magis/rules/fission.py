@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import rustworkx as rx
 import torch
 
@@ -65,7 +66,34 @@ class Split:
 
 def block_order(graph: Graph, nodes: frozenset[int], order: Sequence[int]) -> list[int]:
     """`order` with S contracted to one block (`_BLOCK`), re-sorted topologically by original
-    position, random ops kept in their order (see the module docstring)."""
+    position, random ops kept in their order (see the module docstring).
+
+    When `order` is topological only the stretch from S's first node to its last can change
+    (the sort takes the smallest position ready: every earlier node is ready before the block,
+    and the stretch holds a ready node until it is done), so only that stretch is sorted."""
+    order = list(order)
+    at = [i for i, v in enumerate(order) if v in nodes]
+    if not at or not _is_topological(graph, order):
+        return _sorted_with_block(graph, nodes, order)
+    first, last = at[0], at[-1]
+    middle = _sorted_with_block(graph, nodes, order[first : last + 1])
+    return [*order[:first], *middle, *order[last + 1 :]]
+
+
+def _is_topological(graph: Graph, order: list[int]) -> bool:
+    """Whether `order` holds every node of `graph` once, each after its predecessors."""
+    if len(order) != len(graph):
+        return False
+    index = np.fromiter((graph.rx_index(v) for v in order), np.int64, len(order))
+    pos = np.full(int(index.max()) + 1 if len(index) else 1, -1, dtype=np.int64)
+    pos[index] = np.arange(len(order))
+    edges = np.asarray(graph.dag.edge_list(), dtype=np.int64).reshape(-1, 2)
+    return bool((pos >= 0).sum() == len(order) and (pos[edges[:, 0]] < pos[edges[:, 1]]).all())
+
+
+def _sorted_with_block(graph: Graph, nodes: frozenset[int], order: list[int]) -> list[int]:
+    """`order` (a stretch of the graph's, with every node of S in it) with S contracted and
+    re-sorted topologically by position; edges leaving the stretch are ignored."""
     pos = {v: i for i, v in enumerate(order)}
     dag = rx.PyDiGraph()
     index: dict[int, int] = {}
@@ -78,6 +106,8 @@ def block_order(graph: Graph, nodes: frozenset[int], order: Sequence[int]) -> li
     edges = set()
     for v in order:
         for w in graph.successors(v):
+            if w not in pos:
+                continue
             a, b = index[_BLOCK if v in nodes else v], index[_BLOCK if w in nodes else w]
             if a != b:
                 edges.add((a, b))
@@ -106,7 +136,7 @@ def split_graph(graph: Graph, info: FTransInfo, order: Sequence[int] | None = No
         else:
             rb.copy(item)
     graph_out = rb.finish()
-    removed = frozenset(v for v in graph.nodes if v not in graph_out)
+    removed = frozenset(v for v in nodes if v in graph and v not in graph_out)
     return Split(graph_out, rb.ids, frozenset(rb.created) | frozenset(rb.remapped), removed)
 
 
@@ -288,7 +318,10 @@ def _apply_node(
             else:
                 removed.add(v)
         touched |= res.touched
-        ids = {v: [x for old in olds for x in res.ids[old]] for v, olds in ids.items()}
+        # Only the split originals' copies changed (the others were copied under their ids).
+        ids = dict(ids)
+        for v, _ in node.ftrans.split:
+            ids[v] = [x for old in ids[v] for x in res.ids[old]]
         # copies already split (parts < j) are stale from here on and never read again
         copies = [[_single(res.ids.get(x), x) for x in c] for c in copies]
     return current, ids

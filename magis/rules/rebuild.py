@@ -9,22 +9,34 @@ from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.graph import Node, NodeKind, refs_in
 
 
+class _Env(dict):
+    """Old Ref -> new Ref. A Ref not in it stands for itself: copies keep their node's id, and
+    binding every output of every copy cost more than a split's own work."""
+
+    __slots__ = ()
+
+    def __missing__(self, ref: Ref) -> Ref:
+        return ref
+
+
 class GraphRebuilder:
     """Copies nodes of `old`, in the order asked, into a new Graph, remapping their Refs.
 
     The new graph's insertion order is the order of the calls, so its program order is the
-    schedule the rewrite chose. `ids[old]` lists the new nodes an old node became.
+    schedule the rewrite chose. `ids[old]` lists the new nodes an old node became. The new
+    graph is filled by `finish` (in one batch: `Graph.restore_nodes`).
     """
 
     def __init__(self, old: Graph) -> None:
         self.old = old
         self.new = Graph(old.registry)
-        self.env: dict[Ref, Ref] = {}
+        self.env: dict[Ref, Ref] = _Env()
         self.ids: dict[int, list[int]] = {}
         # Copies keep their node's id (and, when none of their inputs moved, the very Node:
         # no remapping): a split touches a few hundred nodes of thousands, and rebuilding the
         # rest cost more than the split. Created nodes get fresh ids, in call order.
         self._next = old.next_id
+        self._pending: list[Node] = []  # the new graph's nodes, in order
         self.created: list[int] = []  # nodes that are not a plain copy of an old node
         self.remapped: list[int] = []  # copies whose inputs moved (same id, new Node)
 
@@ -38,28 +50,31 @@ class GraphRebuilder:
             return tuple(self.mapped(v) for v in value)
         return value
 
+    def _moved(self, node: Node) -> bool:
+        env = self.env
+        if not env or node.is_placeholder:
+            return False
+        if any(r in env and env[r] != r for r in node.inputs):
+            return True
+        w = node.writes_into
+        return w is not None and w in env and env[w] != w
+
     def copy(self, nid: int) -> int:
         node = self.old.node(nid)
-        env = self.env
-        if (
-            node.is_placeholder
-            or all(env[r] == r for r in node.inputs)
-            and (node.writes_into is None or env[node.writes_into] == node.writes_into)
-        ):
-            new = self.new.restore_node(node)
-        else:
-            self.remapped.append(nid)
-            new = self._add_node(
-                node.id,
-                node.name,
-                node.op,
-                self.mapped(node.args),
-                {k: self.mapped(v) for k, v in node.kwargs},
-                node.outputs,
-                writes_into=self.env[node.writes_into] if node.writes_into else None,
-            )
-        self.bind(nid, [new])
-        return new
+        self.ids[nid] = [nid]
+        if not self._moved(node):
+            self._pending.append(node)
+            return nid
+        self.remapped.append(nid)
+        return self._add_node(
+            node.id,
+            node.name,
+            node.op,
+            self.mapped(node.args),
+            {k: self.mapped(v) for k, v in node.kwargs},
+            node.outputs,
+            writes_into=self.env[node.writes_into] if node.writes_into else None,
+        )
 
     def add_op(
         self,
@@ -72,7 +87,7 @@ class GraphRebuilder:
     ) -> int:
         """`Graph.add_op` without its per-call ordering of readers before in-place writers,
         which scans the graph each time (quadratic on 100k-node splits); `finish` orders them
-        all at once. Nodes enter through `Graph.restore_node`, ids in call order."""
+        all at once. Nodes enter through `Graph.restore_nodes`, ids in call order."""
         nid = self._add_node(self._next, name, op, args, kwargs, outputs, writes_into)
         self._next += 1
         self.created.append(nid)
@@ -101,11 +116,12 @@ class GraphRebuilder:
             writes_into=writes_into,
             inputs=inputs,
         )
-        return self.new.restore_node(node)
+        self._pending.append(node)
+        return nid
 
     def bind(self, nid: int, new_ids: list[int]) -> None:
         self.ids[nid] = new_ids
-        if len(new_ids) == 1:
+        if len(new_ids) == 1 and new_ids[0] != nid:  # a copy's Refs stand for themselves
             for i in range(len(self.old.node(nid).outputs)):
                 self.env.setdefault(Ref(nid, i), Ref(new_ids[0], i))
 
@@ -113,19 +129,22 @@ class GraphRebuilder:
         return Ref(self.add_op(name, op, args, kw or None, outputs))
 
     def finish(self) -> Graph:
-        """Outputs remapped, control dependencies carried to every copy, in-place writes ordered
-        after every new reader (a merge may read what an update overwrites). Copies inherit
-        their original's constraints, so only the created nodes are examined: a whole-graph
-        pass per split would cost more than the split."""
+        """The nodes inserted, outputs remapped, control dependencies carried to every copy,
+        in-place writes ordered after every new reader (a merge may read what an update
+        overwrites). Copies inherit their original's constraints and checks, so only the
+        created and re-wired nodes are examined: a whole-graph pass per split would cost more
+        than the split."""
         g = self.new
+        g.restore_nodes(self._pending)
+        self._pending = []
         g.set_outputs([self.env[r] for r in self.old.outputs])
-        for after in self.old.nodes:
+        for after in self.old.with_control_deps():
             for before in self.old.control_deps(after):
                 for b in self.ids.get(before, []):
                     for a in self.ids.get(after, []):
                         g.add_control_dep(b, a)
         g.order_before_writers(self.created)
-        g.verify()
+        g.verify([*self.created, *self.remapped])
         return g
 
 
