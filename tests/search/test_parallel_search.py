@@ -1,0 +1,68 @@
+"""Children evaluated by parallel workers (issue #18): for a seed and `max_states`, two workers
+record the same states in the same order as one, so the plan is the same."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from magis.capture import workload_step
+from magis.cost import get_cost_model
+from magis.search import Mode, Objective, SearchOptions, optimize_graph
+from magis.sim import simulate
+
+MAX_STATES = 40
+
+
+@functools.cache
+def _graph(workload: str):
+    _, step = workload_step(workload, float64_when_tiny=True)
+    return step.graph
+
+
+def _search(workload: str, mode: Mode, ratio: float, **options):
+    graph, cost = _graph(workload), get_cost_model("rtx3090")
+    base = simulate(graph, graph.program_order(), cost)
+    limit = ratio * base.latency_s if mode is Mode.LATENCY_LIMIT else int(ratio * base.peak_bytes)
+    opts = SearchOptions(time_budget=600, max_states=MAX_STATES, seed=0, **options)
+    return optimize_graph(graph, cost, Objective(mode, limit), opts)
+
+
+def _trace(result):
+    """Everything the serial order decides: the improvements in order, the best plan, and
+    what was counted on the way."""
+    s = result.stats
+    return (
+        [(i.memory, i.latency, i.rule) for i in result.improvements],
+        result.best.hash.value,
+        result.best.history,
+        result.best.order,
+        s.states_explored,
+        dict(s.rules_applied),
+        s.duplicates,
+        s.meta_rejected,
+    )
+
+
+@pytest.mark.parametrize(
+    "workload, mode, ratio",
+    [("bert-base:tiny", Mode.LATENCY_LIMIT, 1.10), ("resnet50:tiny", Mode.MEMORY_LIMIT, 0.6)],
+)
+def test_two_workers_record_what_one_records(workload, mode, ratio):
+    serial = _search(workload, mode, ratio)
+    parallel = _search(workload, mode, ratio, workers=2)
+    assert serial.stats.states_explored == MAX_STATES
+    assert len(serial.improvements) > 1  # the search found something to compare
+    assert _trace(parallel) == _trace(serial)
+
+
+def test_ray_actors_record_what_one_worker_records():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'magis[ray]')")
+    serial = _search("bert-base:tiny", Mode.MEMORY_LIMIT, 0.7)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = _search("bert-base:tiny", Mode.MEMORY_LIMIT, 0.7, workers=2, ray="local")
+    finally:
+        ray.shutdown()
+    assert _trace(on_ray) == _trace(serial)
