@@ -130,7 +130,7 @@ def load_module(spec: ModelSpec) -> ModuleType:
     try:
         with _folder_on_path(path.resolve().parent):
             loader_spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any error of the user's file is one line
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file, one line
         sys.modules.pop(name, None)
         raise ModelFileError(f"{spec.spec}: loading {path} failed: {_one_line(exc)}") from exc
     return module
@@ -223,7 +223,7 @@ def call_factory(
             return factory(**kwargs)
     except MagisError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's code: any error is one line
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line
         if _is_data_dependent(exc):
             raise ModelFileError(
                 f"{spec.spec}: {spec.function}() reads a tensor's value while building "

@@ -162,6 +162,10 @@ def test_missing_file_broken_file_and_batch_without_parameter(capsys, tmp_path, 
     broken.write_text("def factory(:\n")
     code, err = _invoke(capsys, "analyze", f"{broken}:factory")
     assert code == 1 and "loading" in err and "SyntaxError" in err and len(err.splitlines()) == 1
+    exits = tmp_path / "script.py"
+    exits.write_text("import sys\nsys.exit(2)\n")  # a script without a __main__ guard
+    code, err = _invoke(capsys, "analyze", f"{exits}:factory")
+    assert code == 1 and "loading" in err and "SystemExit: 2" in err
     code, err = _invoke(capsys, "analyze", f"{models}:factory", "--batch", "3")
     assert code == 1 and "--batch 3 needs factory() to take a `batch` parameter" in err
 
