@@ -26,6 +26,7 @@ from rich.table import Table
 from magis.cli.exits import (
     ExitCode,
     Interrupted,
+    UsageError,
     check_output_path,
     check_positive,
     deferred_interrupt,
@@ -119,6 +120,22 @@ def optimize_cmd(
             "--max-states", min=1, help="Stop after this many states: a reproducible search."
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Build each popped state's children in N processes (same plan).",
+        ),
+    ] = 1,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="The --workers as Ray actors: local, auto or HOST:PORT (pip install 'magis\\[ray]').",
+        ),
+    ] = None,
     json_path: JsonOpt = None,
 ) -> None:
     """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
@@ -130,6 +147,7 @@ def optimize_cmd(
     from magis.commands.optimize import setup_workload_search
 
     check_one_limit(mem_limit, lat_limit, LIMIT_FLAGS)
+    _check_parallel(workers, ray)
     if old_save is not None:
         if save is not None:
             raise MagisError("give the plan's path once: --save PATH (--plan is its old name)")
@@ -146,7 +164,7 @@ def optimize_cmd(
                 memory_figure=memory_figure,
                 progress=progress,
             )
-        plan = _search_live(workload, setup, time_budget, max_states, keeper)
+        plan = _search_live(workload, setup, time_budget, max_states, keeper, (workers, ray))
         console.print()
         console.print(plan.report())
         keeper.keep(plan)
@@ -202,7 +220,20 @@ def search_display(workload: str, clock: Callable[[], float] = time.monotonic) -
     return display
 
 
-def _search_live(workload: str, setup, time_budget: float, max_states, keeper) -> Plan:
+def _check_parallel(workers: int, ray: str | None) -> None:
+    """--ray needs workers to run, and Ray itself: both said before any work."""
+    if ray is None:
+        return
+    if workers < 2:
+        raise UsageError("--ray runs the --workers as Ray actors: give --workers N (N >= 2)")
+    from magis.search.workers import import_ray
+
+    import_ray()
+
+
+def _search_live(
+    workload: str, setup, time_budget: float, max_states, keeper, parallel=(1, None)
+) -> Plan:
     """The search with its best ratios on screen; the plan before the final re-ordering goes
     to `keeper`."""
     from magis.commands.optimize import find_plan
@@ -220,6 +251,8 @@ def _search_live(workload: str, setup, time_budget: float, max_states, keeper) -
             max_states=max_states,
             before_polish=keeper.keep if keeper.path is not None else None,
             progress=display.activity.enter,
+            workers=parallel[0],
+            ray=parallel[1],
         )
         display.activity.enter("")  # the table left on screen is the result, not a stage
     return plan

@@ -142,13 +142,17 @@ def find_plan(
     before_polish: Callable[[Plan], None] | None = None,
     warm_start: bool = True,
     progress: Progress = silent,
+    workers: int = 1,
+    ray: str | None = None,
 ) -> Plan:
     """Run the search of MAGIS Alg. 3 for at most `time_budget` seconds (Ctrl-C stops it too)
     and hand over its best state as a Plan. With `warm_start`, the baselines' best plans are
     starting states (`magis.commands.warm_start`); their time counts in the budget.
 
     `before_polish` gets the best plan before the final re-ordering, which a second Ctrl-C can
-    interrupt (the CLI saves it there)."""
+    interrupt (the CLI saves it there). `workers` > 1 builds each popped state's children in
+    that many processes (Ray actors with `ray`: "local" or a cluster's address), the same
+    plan for a seed and `max_states` (`magis.search.parallel`)."""
     start = time.perf_counter()
 
     def hand_over(result: SearchResult) -> None:
@@ -167,7 +171,13 @@ def find_plan(
         setup.step.graph,
         setup.cost,
         setup.objective,
-        SearchOptions(time_budget=left, max_states=max_states, memory_figure=setup.figure),
+        SearchOptions(
+            time_budget=left,
+            max_states=max_states,
+            memory_figure=setup.figure,
+            workers=workers,
+            ray=ray,
+        ),
         on_improvement,
         hand_over if before_polish is not None else None,
         warm,
