@@ -11,7 +11,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# the ray extra too, so that the Ray tests run rather than skip
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	touch $(STAMP)
 
 setup: $(STAMP)
