@@ -68,6 +68,11 @@ def raises():
     raise ValueError("the data folder is missing")
 
 
+def shape_error():
+    loss = lambda m, x: (m(x) @ torch.ones(3, 3)).sum()  # noqa: E731
+    return torch.nn.Linear(4, 4), torch.randn(2, 4), loss
+
+
 def data_dependent_loss():
     loss = lambda m, x: m(x)[torch.nonzero(x)].sum()  # noqa: E731
     return torch.nn.Linear(4, 4), torch.randn(2, 4), loss
@@ -145,6 +150,7 @@ def _invoke(capsys, *args: str) -> tuple[int, str]:
         ("reads_a_value", "reads a tensor's value while building"),
         ("raises", "raises() raised ValueError: the data folder is missing"),
         ("data_dependent_loss", "capturing its training step failed (at aten.nonzero"),
+        ("shape_error", "capturing its training step failed (at aten.mm.default, models.py:"),
         ("missing", "has no function 'missing' (it defines batch_of_strings, data_dependent_loss"),
     ],
 )
