@@ -29,7 +29,7 @@ import numpy as np
 
 from magis.ir import Graph, Ref
 from magis.layout import ALIGNMENT, plan_layout
-from magis.sim import SimResult, node_times, simulate, tables
+from magis.sim import SimResult, memory_timeline, node_times, simulate, tables
 from magis.sim.simulator import _PLACEHOLDER_CATEGORY, _storage_categories
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ class Replay:
 
     @property
     def resident_base(self) -> int:
-        return -(-self.arena_bytes // RESIDENT_ALIGNMENT) * RESIDENT_ALIGNMENT
+        """Where the resident region starts: the first 2 MiB boundary after the arena."""
+        return _resident_base(self.arena_bytes)
 
     def allocated_by(self) -> dict[int, list[Storage]]:
         """Step -> the storages allocated when the node of that step starts."""
@@ -100,7 +101,6 @@ def replay(graph: Graph, order: Sequence[int], cost: CostModel) -> Replay:
     start, finish, on_copy = _stream_times(graph, order, cost)
     layout = plan_layout(graph, list(order), "llfb")
     storages = _arena_storages(graph, order, layout.offset_of)
-    base = -(-layout.arena_bytes // RESIDENT_ALIGNMENT) * RESIDENT_ALIGNMENT
     return Replay(
         graph=graph,
         sim=sim,
@@ -109,9 +109,13 @@ def replay(graph: Graph, order: Sequence[int], cost: CostModel) -> Replay:
         finish_s=finish,
         on_copy_stream=on_copy,
         storages=storages,
-        residents=_resident_storages(graph, base),
+        residents=_resident_storages(graph, _resident_base(layout.arena_bytes)),
         arena_bytes=layout.arena_bytes,
     )
+
+
+def _resident_base(arena_bytes: int) -> int:
+    return -(-arena_bytes // RESIDENT_ALIGNMENT) * RESIDENT_ALIGNMENT
 
 
 def _stream_times(
@@ -146,8 +150,6 @@ def _stream_times(
 def _arena_storages(
     graph: Graph, order: tuple[int, ...], offsets: dict[Ref, int]
 ) -> tuple[Storage, ...]:
-    from magis.sim import memory_timeline
-
     t = tables(graph)
     _, alloc, free = memory_timeline(graph, order)
     cats = _storage_categories(graph)

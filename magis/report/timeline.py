@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from magis.ir import Graph
 from magis.layout import ALIGNMENT
 from magis.report.replay import Replay, Storage, replay
+from magis.sim import tables
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
@@ -138,8 +139,6 @@ def _process_events(r: Replay, name: str, pid: int) -> list[dict[str, Any]]:
 
 def _host_bytes(r: Replay) -> dict[int, int]:
     """Node id -> bytes it puts in host memory (Store nodes)."""
-    from magis.sim import tables
-
     t = tables(r.graph)
     out: dict[int, int] = {}
     for i in t.host_bytes.nonzero()[0].tolist():
