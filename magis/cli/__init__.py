@@ -90,11 +90,16 @@ def _main(
 
 
 @app.command("workloads")
-def workloads_cmd(json_path: JsonOpt = None) -> None:
-    """List the workload zoo (MAGIS Table 2 at three sizes)."""
+def workloads_cmd(
+    json_path: JsonOpt = None,
+    corpus: Annotated[
+        bool, typer.Option("--corpus", help="List the public corpus (corpus:NAME[:tiny]).")
+    ] = False,
+) -> None:
+    """List the workload zoo (MAGIS Table 2 at three sizes), or the public corpus."""
     from magis.commands.workloads import workloads
 
-    rep = workloads()
+    rep = workloads(corpus=corpus)
     show_workloads(rep)
     write_json(json_path, rep.to_json())
 

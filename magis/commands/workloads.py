@@ -1,10 +1,11 @@
-"""`magis workloads`: the zoo (MAGIS Table 2's seven models, each at three sizes)."""
+"""`magis workloads`: the zoo (MAGIS Table 2's seven models, each at three sizes), or with
+`corpus=True` the public corpus (`magis.capture.corpus`: `corpus:NAME`, `corpus:NAME:tiny`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from magis.capture import list_workloads
+from magis.capture import Workload, list_workloads
 
 
 @dataclass(frozen=True)
@@ -12,7 +13,7 @@ class WorkloadRow:
     name: str
     batch: int
     dtype: str
-    size: str  # paper, tiny or small
+    size: str  # paper, tiny or small (a corpus entry's full size is "paper")
     description: str
 
 
@@ -24,12 +25,18 @@ class WorkloadsReport:
         return {"workloads": [asdict(r) for r in self.rows]}
 
 
-def workloads() -> WorkloadsReport:
-    return WorkloadsReport(
-        tuple(
-            WorkloadRow(
-                wl.name, wl.batch, str(wl.dtype).removeprefix("torch."), wl.size, wl.description
-            )
-            for wl in list_workloads()
-        )
+def workloads(corpus: bool = False) -> WorkloadsReport:
+    """Every zoo workload, or every corpus entry at full and tiny size when `corpus`."""
+    if corpus:
+        from magis.capture.corpus import list_corpus
+
+        listed = list_corpus()
+    else:
+        listed = list_workloads()
+    return WorkloadsReport(tuple(_row(wl) for wl in listed))
+
+
+def _row(wl: Workload) -> WorkloadRow:
+    return WorkloadRow(
+        wl.name, wl.batch, str(wl.dtype).removeprefix("torch."), wl.size, wl.description
     )

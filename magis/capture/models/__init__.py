@@ -1,7 +1,8 @@
-"""Model definitions written for the workload zoo (the rest come from Hugging Face transformers)."""
+"""Model definitions written for the workload zoo and the corpus (the rest come from Hugging Face transformers)."""
 
 from magis.capture.models.btlm import BTLM, BTLMConfig, alibi_slopes
+from magis.capture.models.densenet import DenseNet, DenseNetConfig
 from magis.capture.models.unet import UNet
 from magis.capture.models.unetpp import UNetPlusPlus
 
-__all__ = ["BTLM", "BTLMConfig", "UNet", "UNetPlusPlus", "alibi_slopes"]
+__all__ = ["BTLM", "BTLMConfig", "DenseNet", "DenseNetConfig", "UNet", "UNetPlusPlus", "alibi_slopes"]
