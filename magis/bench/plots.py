@@ -73,6 +73,17 @@ def compare_figures(
     return written
 
 
+def constraint_bars(
+    rows: Sequence[Row],
+    workloads: Sequence[str],
+    methods: Sequence[str],
+    constraints: Sequence[Constraint],
+    path: Path,
+) -> Path:
+    """Figs. 9 and 10's grouped bars for any `constraints` (one panel each): `bench corpus`."""
+    return _bars(rows, workloads, methods, _colours(methods), constraints, path)
+
+
 def _bars(rows, workloads, methods, colours, constraints, path: Path) -> Path:
     """Grouped bars, one group per workload: memory ratio (latency limits, Fig. 9) or latency
     overhead in % (memory limits, Fig. 10)."""

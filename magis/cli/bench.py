@@ -200,6 +200,49 @@ def bench_ablation_cmd(
     _finish_bench(rep, out, json_path)
 
 
+@bench_app.command("corpus")
+def bench_corpus_cmd(
+    models: Annotated[
+        str | None, typer.Option("--models", help="Comma-separated corpus names (default: all).")
+    ] = None,
+    size: Annotated[str, typer.Option("--size", help="full (default) or tiny.")] = "full",
+    hardware: HardwareOpt = "rtx3090",
+    time_budget: BudgetOpt = 60.0,
+    max_states: Annotated[
+        int | None, typer.Option("--max-states", min=1, help="States per MAGIS search at most.")
+    ] = None,
+    methods: Annotated[
+        str | None, typer.Option("--methods", help="Comma-separated baselines (default: all).")
+    ] = None,
+    out: OutOpt = Path("out/bench-corpus"),
+    jobs: JobsOpt = 1,
+    ray: RayOpt = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """MAGIS and the best baseline on every public corpus model (magis workloads --corpus)
+    under latency limit 1.10 and memory limit 0.4 (issue #16). Ctrl-C keeps what finished."""
+    from magis.bench.corpus import CORPUS_NAMES, CorpusOptions, run_corpus, table_cells
+
+    options = CorpusOptions(
+        models=_split_names(models) or CORPUS_NAMES,
+        size=size,
+        hardware=hardware,
+        time_budget=time_budget,
+        max_states=max_states,
+        methods=_split_names(methods),
+        out=out,
+    )
+    runner = _runner(jobs, ray)
+    with progress_bar("corpus") as progress:
+        rep = run_corpus(options, progress, runner)
+    header, body = table_cells(rep)
+    table = Table(*header, title="memory ratio under lat<=1.1, latency overhead under mem<=0.4")
+    for cells in body:
+        table.add_row(*[f"[red]{x}[/red]" if x == "FAILURE" else x for x in cells])
+    console.print(table)
+    _finish_bench(rep, out, json_path)
+
+
 @bench_app.command("fuzz")
 def bench_fuzz_cmd(
     cases: Annotated[int, typer.Option("--cases", min=0, help="Random rule chains to run.")] = 500,

@@ -1,0 +1,487 @@
+"""`magis bench corpus`: MAGIS and the best baseline on every model of the public corpus
+(issue #16 item 4), under the latency limit 1.10 (least memory within it, MAGIS §7.2.1) and the
+memory limit 0.4 (least latency within it, §7.2.2).
+
+Each model (`corpus:NAME`, full size by default; `size="tiny"` for tests) is captured once per
+process. MAGIS runs as `magis optimize` runs: `setup_search` then `find_plan` (Alg. 3), one
+search per constraint of `time_budget` seconds (or `max_states` states). The baselines are those
+of `bench compare` (`magis.baselines`), each method's points computed once
+(`compare.baseline_outcomes`); under each constraint the best baseline is the best point of all
+of them together, chosen as `bench compare` chooses within one method (`best_under_latency`,
+`best_under_memory`). Every ratio is against the program order on the same cost model.
+
+The work is a list of cells (one MAGIS search, or one model's baselines) run by a
+`magis.bench.parallel` runner (serial, a process pool, or Ray). `results.csv`, `results.json`
+and `table.md` are rewritten after every cell, the figure after every model, so a run stopped
+by Ctrl-C keeps everything it finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from magis.baselines import BaselinePoint, Failure, baseline_names, best_under_latency
+from magis.baselines import best_under_memory as best_under_memory_limit
+from magis.bench import plots
+from magis.bench.compare import BenchError, Context, baseline_outcomes, check_methods
+from magis.bench.constraints import Constraint
+from magis.bench.parallel import CellFailure, CellRunner, SerialRunner, run_cells
+from magis.capture import workload_step
+from magis.capture.corpus import CORPUS_NAMES, CORPUS_PREFIX, FULL, TINY
+from magis.commands.limits import parse_memory_figure
+from magis.commands.optimize import find_plan, setup_search
+from magis.cost import get_cost_model
+from magis.errors import MagisError
+from magis.search import Mode, simulate_state
+
+CORPUS_CONSTRAINTS = (Constraint(Mode.LATENCY_LIMIT, 1.10), Constraint(Mode.MEMORY_LIMIT, 0.4))
+FIGURE = "corpus_constraints.png"
+BEST_BASELINE = "best baseline"
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    models: tuple[str, ...] = CORPUS_NAMES
+    size: str = FULL  # full, or tiny (tests)
+    hardware: str = "rtx3090"
+    time_budget: float = 60.0
+    max_states: int | None = None
+    methods: tuple[str, ...] = ()  # baselines; empty: every registered one
+    out: Path = Path("out/bench-corpus")
+
+    def workload(self, model: str) -> str:
+        return f"{CORPUS_PREFIX}{model}" + ("" if self.size == FULL else f":{self.size}")
+
+    def baselines(self) -> tuple[str, ...]:
+        return self.methods or baseline_names()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One MAGIS search of one model under one constraint, or one model's baselines."""
+
+    workload: str
+    hardware: str
+    constraint: Constraint | None = None  # None: the baselines
+    time_budget: float = 0.0
+    max_states: int | None = None
+    methods: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.constraint is None:
+            return f"{self.workload}: baselines"
+        return f"{self.workload}: magis {self.constraint.label} ({self.time_budget:g} s)"
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What a MAGIS search found (its plan's summary)."""
+
+    constraint: str
+    memory_ratio: float | None
+    latency_ratio: float | None
+    satisfied: bool
+    states_explored: int
+    seconds: float
+    reason: str = ""
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The best baseline point under one constraint, or why there is none."""
+
+    constraint: str
+    method: str | None
+    memory_ratio: float | None
+    latency_ratio: float | None
+    satisfied: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CellResult:
+    program_peak_bytes: int
+    program_latency_s: float
+    nodes: int
+    capture_seconds: float
+    searched: Searched | None = None
+    chosen: tuple[Chosen, ...] = ()
+
+
+CSV_FIELDS = (
+    "model",
+    "constraint",
+    "memory_ratio",
+    "latency_ratio",
+    "satisfied",
+    "states_explored",
+    "seconds",
+    "reason",
+    "baseline_method",
+    "baseline_memory_ratio",
+    "baseline_latency_ratio",
+    "baseline_satisfied",
+)
+
+
+@dataclass
+class ModelResult:
+    """One model: its program order and, per constraint, MAGIS's result and the best baseline's."""
+
+    model: str
+    program_peak_bytes: int = 0
+    program_latency_s: float = 0.0
+    nodes: int = 0
+    capture_seconds: float = 0.0
+    searched: dict[str, Searched] = field(default_factory=dict)
+    chosen: dict[str, Chosen] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)  # cells that raised
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [self._row(c.label) for c in CORPUS_CONSTRAINTS if self._has(c.label)]
+
+    def _has(self, label: str) -> bool:
+        return label in self.searched or label in self.chosen
+
+    def _row(self, label: str) -> dict[str, Any]:
+        s, b = self.searched.get(label), self.chosen.get(label)
+        return {
+            "model": self.model,
+            "constraint": label,
+            "memory_ratio": s.memory_ratio if s else None,
+            "latency_ratio": s.latency_ratio if s else None,
+            "satisfied": s.satisfied if s else None,
+            "states_explored": s.states_explored if s else None,
+            "seconds": s.seconds if s else None,
+            "reason": s.reason if s else "",
+            "baseline_method": b.method if b else None,
+            "baseline_memory_ratio": b.memory_ratio if b else None,
+            "baseline_latency_ratio": b.latency_ratio if b else None,
+            "baseline_satisfied": b.satisfied if b else None,
+            "baseline_reason": b.reason if b else "",
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "program_peak_bytes": self.program_peak_bytes,
+            "program_latency_s": self.program_latency_s,
+            "nodes": self.nodes,
+            "capture_seconds": self.capture_seconds,
+            "failures": self.failures,
+            "constraints": self.rows(),
+        }
+
+
+@dataclass
+class CorpusReport:
+    options: CorpusOptions
+    models: list[ModelResult] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [r for m in self.models for r in m.rows()]
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "hardware": o.hardware,
+            "size": o.size,
+            "time_budget_s": o.time_budget,
+            "max_states": o.max_states,
+            "baselines": list(o.baselines()),
+            "constraints": [c.label for c in CORPUS_CONSTRAINTS],
+            "interrupted": self.interrupted,
+            "seconds": self.seconds,
+            "out": str(o.out),
+            "models": [m.to_json() for m in self.models],
+        }
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def check_models(models: Sequence[str]) -> tuple[str, ...]:
+    for m in models:
+        if m not in CORPUS_NAMES:
+            raise BenchError(f"unknown corpus model {m!r}: choose among {', '.join(CORPUS_NAMES)}")
+    return tuple(models)
+
+
+def corpus_cells(options: CorpusOptions) -> list[Cell]:
+    """Per model: its baselines, then one MAGIS search per constraint."""
+    cells = []
+    for model in options.models:
+        w = options.workload(model)
+        cells.append(Cell(w, options.hardware, methods=options.baselines()))
+        cells += [
+            Cell(w, options.hardware, c, options.time_budget, options.max_states)
+            for c in CORPUS_CONSTRAINTS
+        ]
+    return cells
+
+
+def run_corpus(
+    options: CorpusOptions, progress: Progress | None = None, runner: CellRunner | None = None
+) -> CorpusReport:
+    """Every corpus model under both constraints; files rewritten as each cell finishes."""
+    check_models(options.models)
+    check_methods(options.baselines())
+    if options.size not in (FULL, TINY):
+        raise BenchError(f"size {options.size!r}: choose {FULL} or {TINY}")
+    report = CorpusReport(options, [ModelResult(options.workload(m)) for m in options.models])
+    by_name = {m.model: m for m in report.models}
+    cells = corpus_cells(options)
+    per_model = 1 + len(CORPUS_CONSTRAINTS)
+    finished = dict.fromkeys(by_name, 0)
+    runner = runner or SerialRunner()
+    if isinstance(runner, SerialRunner) and progress is not None:  # name each cell as it starts
+        runner = SerialRunner(on_start=lambda i: progress(cells[i].describe(), i, len(cells)))
+    start = time.perf_counter()
+    try:
+        for done in run_cells(cells, run_corpus_cell, runner):
+            cell = cells[done.index]
+            _record(by_name[cell.workload], cell, done.result)
+            finished[cell.workload] += 1
+            report.seconds = time.perf_counter() - start
+            # the figure as each model completes (a second or so), the rest after every cell
+            write_outputs(report, figure=finished[cell.workload] == per_model)
+            if progress is not None:
+                progress(f"{cell.describe()} done", sum(finished.values()), len(cells))
+            if isinstance(done.result, CellResult) and _interrupted(done.result):
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        _prepared.cache_clear()
+    report.seconds = time.perf_counter() - start
+    write_outputs(report)
+    return report
+
+
+def _interrupted(result: CellResult) -> bool:
+    return result.searched is not None and result.searched.interrupted
+
+
+def _record(model: ModelResult, cell: Cell, result: CellResult | CellFailure) -> None:
+    if isinstance(result, CellFailure):
+        model.failures.append(f"{cell.describe()}: {result.reason}")
+        return
+    model.program_peak_bytes, model.program_latency_s = (
+        result.program_peak_bytes,
+        result.program_latency_s,
+    )
+    model.nodes, model.capture_seconds = result.nodes, result.capture_seconds
+    if result.searched is not None:
+        model.searched[result.searched.constraint] = result.searched
+    for chosen in result.chosen:
+        model.chosen[chosen.constraint] = chosen
+
+
+# --- one cell, wherever it runs --------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=2)
+def _prepared(workload: str, hardware: str) -> tuple[Context, float]:
+    """Per process: the model's capture (as `magis optimize` captures it) and its program
+    order on the cost model, shared by the cells of one model that run here."""
+    start = time.process_time()
+    _, step = workload_step(workload, float64_when_tiny=True)
+    seconds = time.process_time() - start
+    cost = get_cost_model(hardware)
+    # the program order measured as `setup_search` measures it: MAGIS's ratios and the
+    # baselines' share their denominator
+    figure = parse_memory_figure("theoretical")
+    base = simulate_state(step.graph, step.graph.program_order(), cost, figure)
+    return Context(workload, step, cost, base), seconds
+
+
+def run_corpus_cell(cell: Cell) -> CellResult:
+    """The baselines' best points under both constraints, or one MAGIS search."""
+    ctx, capture_seconds = _prepared(cell.workload, cell.hardware)
+    figures = (
+        ctx.base.peak_bytes,
+        ctx.base.latency_s,
+        len(ctx.graph.program_order()),
+        capture_seconds,
+    )
+    if cell.constraint is None:
+        points = [o for m in cell.methods for o in baseline_outcomes(m, ctx)]
+        return CellResult(
+            *figures, chosen=tuple(best_baseline(ctx, c, points) for c in CORPUS_CONSTRAINTS)
+        )
+    return CellResult(*figures, searched=magis_search(ctx, cell))
+
+
+def best_baseline(ctx: Context, c: Constraint, outcomes: Sequence) -> Chosen:
+    """The best point of all baselines together under `c`, chosen as `bench compare` chooses
+    within one method; a Failure names why none fits."""
+    limit = c.objective(ctx.base).limit
+    if c.mode is Mode.LATENCY_LIMIT:
+        best = best_under_latency(outcomes, limit, BEST_BASELINE)
+    else:
+        best = best_under_memory_limit(outcomes, int(limit), BEST_BASELINE)
+    if isinstance(best, Failure):
+        reasons = sorted({o.reason for o in outcomes if isinstance(o, Failure)})
+        return Chosen(c.label, None, None, None, False, "; ".join([best.reason, *reasons]))
+    assert isinstance(best, BaselinePoint)
+    return Chosen(
+        c.label,
+        best.method,
+        best.memory / ctx.base.peak_bytes,
+        best.latency / ctx.base.latency_s,
+        True,
+    )
+
+
+def magis_search(ctx: Context, cell: Cell) -> Searched:
+    """One search as `magis optimize` runs it; a limit no plan can meet is a FAILURE."""
+    c = cell.constraint
+    assert c is not None
+    limit = {"lat_limit": c.ratio} if c.mode is Mode.LATENCY_LIMIT else {"mem_limit": c.ratio}
+    try:
+        setup = setup_search(ctx.step, hardware=ctx.cost, workload=cell.workload, **limit)
+    except MagisError as exc:
+        return Searched(c.label, None, None, False, 0, 0.0, str(exc))
+    plan = find_plan(setup, time_budget=cell.time_budget, max_states=cell.max_states)
+    s = plan.summary
+    reason = "" if s.satisfied else "the limit was not met in the search's budget"
+    return Searched(
+        c.label,
+        s.memory_ratio,
+        s.latency_ratio,
+        s.satisfied,
+        s.states_explored,
+        s.seconds,
+        reason,
+        s.interrupted,
+    )
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def write_outputs(report: CorpusReport, figure: bool = True) -> None:
+    """results.csv, results.json, table.md and the figure, each rewritten whole (atomically)."""
+    out = report.options.out
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "results.csv", _csv_text(report.rows()))
+    _atomic(out / "results.json", json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    _atomic(out / "table.md", table_markdown(report))
+    if figure:
+        bar_rows = [r for m in report.models for r in _bar_rows(m)]
+        models = [m.model for m in report.models if m.rows()]
+        if bar_rows:
+            plots.constraint_bars(
+                bar_rows, models, ["magis", BEST_BASELINE], CORPUS_CONSTRAINTS, out / FIGURE
+            )
+
+
+@dataclass(frozen=True)
+class _BarRow:
+    workload: str
+    method: str
+    constraint: str
+    memory_ratio: float | None
+    latency_ratio: float | None
+    satisfied: bool
+
+
+def _bar_rows(model: ModelResult) -> list[_BarRow]:
+    rows = [
+        _BarRow(model.model, "magis", s.constraint, s.memory_ratio, s.latency_ratio, s.satisfied)
+        for s in model.searched.values()
+    ]
+    rows += [
+        _BarRow(
+            model.model, BEST_BASELINE, b.constraint, b.memory_ratio, b.latency_ratio, b.satisfied
+        )
+        for b in model.chosen.values()
+    ]
+    return rows
+
+
+def _csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if r[k] is None else r[k] for k in CSV_FIELDS})
+    return buffer.getvalue()
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def table_cells(report: CorpusReport) -> tuple[list[str], list[list[str]]]:
+    """The table's header and one row of cells per model: MAGIS and the best baseline under
+    each constraint (memory ratio under the latency limit, latency overhead under the memory
+    limit)."""
+    header = ["model", "nodes"]
+    for c in CORPUS_CONSTRAINTS:
+        header += [f"magis {c.label}", f"best baseline {c.label}"]
+    body = []
+    for m in report.models:
+        cells = [m.model, str(m.nodes or "—")]
+        for c in CORPUS_CONSTRAINTS:
+            s, b = m.searched.get(c.label), m.chosen.get(c.label)
+            cells.append(_cell(c, s.satisfied, s.memory_ratio, s.latency_ratio) if s else "—")
+            if b is None:
+                cells.append("—")
+            else:
+                text = _cell(c, b.satisfied, b.memory_ratio, b.latency_ratio)
+                cells.append(f"{text} ({b.method})" if b.satisfied else text)
+        body.append(cells)
+    return header, body
+
+
+def _cell(c: Constraint, satisfied: bool, memory: float | None, latency: float | None) -> str:
+    if not satisfied or memory is None or latency is None:
+        return "FAILURE"
+    if c.mode is Mode.LATENCY_LIMIT:
+        return f"{memory:.3f}"
+    return f"{(latency - 1) * 100:+.1f}%"
+
+
+def table_markdown(report: CorpusReport) -> str:
+    o = report.options
+    budget = f"{o.time_budget:g} s" + (f", {o.max_states} states" if o.max_states else "")
+    lines = [
+        f"# magis bench corpus ({o.hardware}, {o.size} size, MAGIS {budget} per search)",
+        "",
+        "Memory ratio under the latency limit, latency overhead under the memory limit; both "
+        "against PyTorch's program order on the same cost model.",
+    ]
+    if report.interrupted:
+        lines.append("\n**Interrupted**: the table holds what finished.")
+    header, body = table_cells(report)
+    lines += ["", _md(header), _md(["---"] * len(header)), *(_md(r) for r in body)]
+    failures = [
+        f"- {m.model} / {r['constraint']}: {r['reason'] or r['baseline_reason']}"
+        for m in report.models
+        for r in m.rows()
+        if r["reason"] or (r["baseline_reason"] and not r["baseline_satisfied"])
+    ] + [f"- {f}" for m in report.models for f in m.failures]
+    if failures:
+        lines += ["", "## FAILURE reasons", "", *failures]
+    return "\n".join(lines) + "\n"
+
+
+def _md(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
