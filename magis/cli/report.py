@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from magis.cli.exits import check_input_file, check_output_path
+from magis.cli.exits import UsageError, check_input_file, check_output_path
 from magis.cli.output import JsonOpt, console, spinner, write_json
 
 
@@ -80,6 +80,8 @@ def report_cmd(
     category, its decisions, the search's Pareto points, and measured figures when run."""
     from magis.commands.report import report
 
+    if run and measured is not None:
+        raise UsageError("--run measures the plan now and --measured reads a measurement: pick one")
     with spinner(f"reporting on {plan}") as progress:
         rep = report(plan, html, measured, run, progress)
     console.print(f"wrote {rep.html} ({rep.html_bytes / 1024:.0f} KiB)")

@@ -136,6 +136,9 @@ def test_cli_report_and_analyze_exports(plan_file, tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit) as exited:
         main(["report", str(tmp_path / "none.json"), "--html", str(out)])
     assert exited.value.code == 2 and "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["report", str(plan_file), "--html", str(out), "--run", "--measured", str(js)])
+    assert exited.value.code == 2 and "pick one" in capsys.readouterr().err
     trace, snap = tmp_path / "t.json", tmp_path / "s.pickle"
     main(
         ["analyze", "bert-base:tiny", "--export-trace", str(trace), "--export-snapshot", str(snap)]
