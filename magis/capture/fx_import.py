@@ -9,7 +9,7 @@ into the placeholder otherwise; dead nodes without side effects are dropped.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -49,11 +49,13 @@ def import_fx(
     gm: fx.GraphModule,
     placeholder_kinds: Sequence[PlaceholderKind],
     placeholder_names: Sequence[str] | None = None,
+    modules: Mapping[str, str] | None = None,
 ) -> Graph:
     """Build a Graph from `gm` (ATen ops only; placeholders in the given kinds, in order).
 
     Tensor constants of `gm` (get_attr) become CONSTANT placeholders after the inputs; their
-    values are `constant_values(gm)`.
+    values are `constant_values(gm)`. `modules` gives nodes (by name) their model module path;
+    a node it does not name (a backward op) takes its first input's (`inherited_module`).
     """
     fx_graph = gm.graph
     _drop_dead(fx_graph)
@@ -64,9 +66,8 @@ def import_fx(
     constants = [n for n in fx_graph.nodes if n.op == "get_attr"]
     for i, n in enumerate(inputs):
         name = placeholder_names[i] if placeholder_names else n.name
-        env[n] = Ref(
-            graph.add_placeholder(name, TensorMeta.of(n.meta["val"]), placeholder_kinds[i])
-        )
+        meta, module = TensorMeta.of(n.meta["val"]), (modules or {}).get(name, "")
+        env[n] = Ref(graph.add_placeholder(name, meta, placeholder_kinds[i], module))
     for n in constants:  # after the inputs: a program takes them as trailing arguments
         meta = TensorMeta.of(getattr(gm, n.target))
         env[n] = Ref(graph.add_placeholder(n.target, meta, PlaceholderKind.CONSTANT))
@@ -82,6 +83,7 @@ def import_fx(
             writes = env[epilogue.folded[n]] if n in epilogue.folded else None
             args = _convert_arg(n.args, env)
             kwargs = {k: _convert_arg(v, env) for k, v in n.kwargs.items()}
+            module = "" if modules is None else modules.get(n.name, "")
             nid = graph.add_op(
                 n.name,
                 op_name(n.target),
@@ -89,6 +91,7 @@ def import_fx(
                 kwargs,
                 _metas(n.meta.get("val")),
                 writes_into=writes,
+                module=module or (inherited_module(graph, args, modules) if modules else ""),
             )
             env[n] = Ref(nid)
         elif n.op == "output":
@@ -98,6 +101,15 @@ def import_fx(
     chain_random_ops(graph)
     graph.verify()
     return graph
+
+
+def inherited_module(graph: Graph, args, modules: Mapping[str, str]) -> str:
+    """A backward op computes for the module whose saved activations or weights it reads:
+    the module of its first input that has its own (a forward op or a parameter, named in
+    `modules`), else of its first input that inherited one (a gradient)."""
+    inputs = [graph.node(ref.node) for ref in refs_in(args)]
+    own = (n.module for n in inputs if n.name in modules and n.module)
+    return next(own, None) or next((n.module for n in inputs if n.module), "")
 
 
 def chain_random_ops(graph: Graph) -> None:

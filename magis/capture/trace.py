@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.fx.traceback as fx_traceback
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.func import functional_call, functionalize
@@ -104,12 +105,26 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def _trace_functional(fn: Callable, fake_args: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
-    """make_fx, then make_fx again through functionalize (autograd already ran in the first)."""
+def _trace_functional(
+    fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None = None
+) -> torch.fx.GraphModule:
+    """make_fx, then make_fx again through functionalize (autograd already ran in the first).
+
+    With `root`, the module `fn` calls, each forward node records the stack of `root`'s
+    submodules it ran in (make_fx's `record_module_stack`, which finds the modules through
+    `fn._orig_mod`); the second trace runs the first graph node by node with its metadata kept
+    (`preserve_node_meta`), so the stacks reach the final graph (`module_paths`)."""
     try:
-        gm = make_fx(fn)(*fake_args)
+        if root is None:
+            gm = make_fx(fn)(*fake_args)
+        else:
+            gm = make_fx(_rooted(fn, root), record_module_stack=True)(*fake_args)
         detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
-        return make_fx(functionalize(gm, remove="mutations"))(*detached)
+        if root is None:
+            return make_fx(functionalize(gm, remove="mutations"))(*detached)
+        with fx_traceback.preserve_node_meta():
+            run = torch.fx.Interpreter(gm).run
+            return make_fx(functionalize(run, remove="mutations"))(*detached)
     except MagisError:
         raise
     except Exception as exc:  # noqa: BLE001 - torch raises many types; classify and re-raise
@@ -122,6 +137,43 @@ def _trace_functional(fn: Callable, fake_args: Sequence[torch.Tensor]) -> torch.
         raise CaptureError(
             f"tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
         ) from exc
+
+
+def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
+    """`fn` marked as calling `root` (where make_fx looks for the module tree)."""
+
+    def traced(*args):
+        return fn(*args)
+
+    traced._orig_mod = root
+    return traced
+
+
+def module_paths(gm: torch.fx.GraphModule, prefix: str) -> dict[str, str]:
+    """Node name -> the innermost module it ran in, as a path below `prefix` (the model's
+    attribute on the traced root: 'encoder.layer.3.attention.self'); nodes that ran in no
+    submodule of the model (backward, optimizer) are left out."""
+    paths = {}
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        fqn = list(stack.values())[-1][0]
+        if fqn.startswith(prefix + "."):
+            paths[n.name] = fqn.removeprefix(prefix + ".")
+    return paths
+
+
+def placeholder_modules(names: Sequence[str], kinds: Sequence[PlaceholderKind]) -> dict[str, str]:
+    """Parameters and buffers by name -> their module ('encoder.layer.0.output.dense.weight'
+    -> 'encoder.layer.0.output.dense'); optimizer state names add one more part."""
+    strip = {PlaceholderKind.WEIGHT: 1, PlaceholderKind.BUFFER: 1, PlaceholderKind.OPT_STATE: 2}
+    paths = {}
+    for name, kind in zip(names, kinds, strict=True):
+        parts = name.split(".")
+        if kind in strip and len(parts) > strip[kind]:
+            paths[name] = ".".join(parts[: -strip[kind]])
+    return paths
 
 
 def _fake_mode(tensors: Sequence = ()) -> FakeTensorMode:
@@ -288,7 +340,8 @@ def capture_training(
         raise ValueError(f"{len(scalar_names)} scalars named, {len(scalars)} given")
     layout = _Layout(params, trainable, buffer_names, state_names, scalar_names, len(data))
     untrained: list[str] = []
-    fn = _step_fn(_LossModule(model, loss), layout, rule, untrained)
+    wrapper = _LossModule(model, loss)
+    fn = _step_fn(wrapper, layout, rule, untrained)
     real_params = _named(model.named_parameters(), params)
     real_buffers = _named(model.named_buffers(), buffer_names)
     mode = _fake_mode([*real_params, *real_buffers, *scalars, *data])
@@ -307,9 +360,10 @@ def capture_training(
             *(_to_fake(mode, s) for s in scalars),
             *(_to_fake(mode, x) for x in data),
         ]
-        gm = _trace_functional(fn, flat)
+        gm = _trace_functional(fn, flat, root=wrapper)
     names = layout.names(data_names)
-    graph = import_fx(gm, layout.kinds(), names)
+    modules = {**placeholder_modules(names, layout.kinds()), **module_paths(gm, "model")}
+    graph = import_fx(gm, layout.kinds(), names, modules)
     outs = ["loss"] + ([f"grad.{n}" for n in trainable] if rule is None else [])
     examples = (*real_params, *real_buffers, *([None] * len(state)), *scalars, *data)
     return Step(

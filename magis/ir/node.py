@@ -47,6 +47,9 @@ class Node:
     # updates): it allocates nothing, and every other reader of the old value runs before it.
     writes_into: Ref | None = None
     inputs: tuple[Ref, ...] = field(default=())  # distinct Refs in args/kwargs, in order
+    # The model's module this node computes for ('encoder.layer.3.attention'), where capture
+    # knew it; '' elsewhere. Only reports read it (`magis explain`).
+    module: str = ""
 
     @property
     def is_placeholder(self) -> bool:

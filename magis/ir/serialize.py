@@ -57,6 +57,8 @@ _GRAPH_KEYS = frozenset({"format", "version", "digest", "nodes", "control", "out
 _NODE_KEYS = frozenset(
     {"id", "name", "op", "kind", "placeholder_kind", "args", "kwargs", "outputs", "writes_into"}
 )
+# Written only when the node has one (a graph without module paths reads as before).
+_OPTIONAL_NODE_KEYS = frozenset({"module"})
 _META_KEYS = frozenset({"shape", "dtype", "itemsize", "strides"})
 
 
@@ -86,7 +88,7 @@ def encode_value(value: Any) -> Any:
 
 
 def node_to_json(node: Node) -> dict:
-    return {
+    data = {
         "id": node.id,
         "name": node.name,
         "op": node.op,
@@ -97,6 +99,9 @@ def node_to_json(node: Node) -> dict:
         "outputs": [m.to_json() for m in node.outputs],
         "writes_into": encode_value(node.writes_into),
     }
+    if node.module:
+        data["module"] = node.module
+    return data
 
 
 def content_digest(data: dict) -> str:
@@ -128,11 +133,13 @@ def graph_to_json(graph: Graph) -> dict:
 # --- reading -------------------------------------------------------------------------------
 
 
-def _fields(value: Any, keys: frozenset[str], where: str) -> dict:
-    """`value` as an object with exactly the fields `keys`."""
+def _fields(
+    value: Any, keys: frozenset[str], where: str, optional: frozenset[str] = frozenset()
+) -> dict:
+    """`value` as an object with exactly the fields `keys`, and maybe some of `optional`."""
     if type(value) is not dict:
         raise GraphSchemaError(f"{where}: expected an object, got {type(value).__name__}")
-    unknown = [k for k in value if k not in keys]
+    unknown = [k for k in value if k not in keys and k not in optional]
     if unknown:
         raise GraphSchemaError(f"{where}: unknown field {shown(unknown[0])}")
     missing = sorted(keys - value.keys())
@@ -239,7 +246,7 @@ def meta_from_json(value: Any, where: str) -> TensorMeta:
 
 def node_from_json(value: Any, where: str, known: dict[int, Node]) -> Node:
     """A node, checked field by field; its references must name nodes in `known`."""
-    d = _fields(value, _NODE_KEYS, where)
+    d = _fields(value, _NODE_KEYS, where, _OPTIONAL_NODE_KEYS)
     nid = _int(d["id"], f"{where}.id")
     if nid in known:
         raise GraphSchemaError(f"{where}.id: node id {nid} appears twice")
@@ -283,6 +290,7 @@ def node_from_json(value: Any, where: str, known: dict[int, Node]) -> Node:
         placeholder_kind=pkind,
         writes_into=writes_into,
         inputs=tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kwargs])])),
+        module=check_name(d["module"], f"{where}.module") if "module" in d else "",
     )
     check_node(node, where)
     _check_structure(node, where, known)

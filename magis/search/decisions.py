@@ -154,7 +154,7 @@ class Decision:
             rewrite.description,
             tuple(n.name for n in created),
             tuple(n.name for n in gone),
-            _modules([*created, *gone]),
+            tuple(dict.fromkeys(_modules(child, created) + _modules(parent, gone))),
             (),
             Figures.of(parent_sim),
             Figures.of(child_sim),
@@ -193,7 +193,7 @@ class Decision:
             text or rule,
             tuple(n.name for n in created),
             tuple(n.name for n in gone),
-            _modules([*created, *gone]),
+            tuple(dict.fromkeys(_modules(child, created) + _modules(parent, gone))),
             splits,
             Figures.of(parent_sim),
             Figures.of(child_sim),
@@ -275,6 +275,7 @@ class Decision:
         )
 
 
+MAX_MODULES = 8  # per decision: a fission's nodes may span a model's every layer
 _REORDERS = {
     "dp-schedule": "the program re-ordered by the DP scheduler (the search's start, §6.1)",
     "reschedule": "the best graph re-ordered in full by the DP scheduler",
@@ -318,9 +319,14 @@ def _nodes(graph: Graph, ids: Iterable[int]) -> list:
     return [graph.node(i) for i in sorted(ids)]
 
 
-def _modules(nodes: list) -> tuple[str, ...]:
-    """The distinct module paths of `nodes`, in order of first appearance."""
-    return tuple(dict.fromkeys(m for n in nodes if (m := getattr(n, "module", ""))))
+def _modules(graph: Graph, nodes: list) -> tuple[str, ...]:
+    """The distinct module paths of `nodes` (of `graph`), in order of first appearance; a
+    node a rule made has none of its own, and stands for the module of what it reads."""
+    paths = dict.fromkeys(n.module for n in nodes if n.module)
+    for n in nodes:
+        if not n.module:
+            paths.update(dict.fromkeys(m for r in n.inputs if (m := graph.node(r.node).module)))
+    return tuple(paths)[:MAX_MODULES]
 
 
 def _is_number(value: Any) -> bool:

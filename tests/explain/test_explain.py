@@ -53,8 +53,11 @@ def test_rows_follow_the_trail_from_the_program_order(optimized):
 
 def test_rows_say_what_each_move_did(optimized):
     plan, _ = optimized
-    kinds = {r.decision.kind for r in explain(plan).rows}
+    rows = explain(plan).rows
+    kinds = {r.decision.kind for r in rows}
     assert kinds - {DecisionKind.REORDER, DecisionKind.WARM_START}  # the search's own moves
+    moves = [r for r in rows if r.decision.created or r.decision.removed]
+    assert moves and all(r.decision.modules for r in moves)  # where in the model
     for row in explain(plan).rows:
         d = row.decision
         assert d.description
