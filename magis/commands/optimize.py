@@ -165,7 +165,8 @@ def find_plan(
         warm = baseline_warm_starts(
             setup.step.graph, setup.cost, setup.objective, share, progress=progress
         )
-    left = max(time_budget - (time.perf_counter() - start), 0.0)
+    # the search keeps its share even when a peer overran the warm start's
+    left = max(time_budget - (time.perf_counter() - start), time_budget * (1 - WARM_START_SHARE))
     progress("searching")
     result = optimize_graph(
         setup.step.graph,
