@@ -798,6 +798,7 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "native_batch_norm": native_batch_norm,
         "native_batch_norm_backward": native_batch_norm_backward,
         "_softmax": _all_but(_dim_arg(1)),
+        "_safe_softmax": _all_but(_dim_arg(1)),
         "_log_softmax": _all_but(_dim_arg(1)),
         "_softmax_backward_data": _all_but(_dim_arg(2)),
         "_log_softmax_backward_data": _all_but(_dim_arg(2)),

@@ -192,6 +192,7 @@ WEIGHTED = {
     "_native_batch_norm_legit_functional": _per_input_element(8),
     "native_batch_norm_backward": _per_input_element(12),
     "_softmax": _per_input_element(5),
+    "_safe_softmax": _per_input_element(5),  # SDPA's math path (rows of -inf give zeros)
     "_log_softmax": _per_input_element(5),
     "_softmax_backward_data": _per_input_element(4),
     "_log_softmax_backward_data": _per_input_element(4),

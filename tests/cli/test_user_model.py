@@ -197,3 +197,43 @@ def test_a_plan_made_for_a_model_file_runs_and_verifies(capsys, models, tmp_path
     )
     assert code == 0, err
     assert json.loads((tmp_path / "r.json").read_text())["verified"] is True
+
+
+GPT2_TINY = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def factory():
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, 64, (2, 16))
+    return GPT2LMHeadModel(config), (ids,), lambda m, ids: m(input_ids=ids, labels=ids).loss
+"""
+
+
+def test_sdpa_attention_of_a_user_model_is_known_and_splits_exactly(tmp_path):
+    """Hugging Face models attend with SDPA by default; on its math backend (which fake tensors
+    take for GPT-2 small, examples/train_gpt2.py:factory) it decomposes to `aten._safe_softmax`,
+    which the registry knows: not opaque, and an F-Trans through it (MAGIS §4) runs equal to
+    eager PyTorch in float64."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from magis.commands.analyze import fission_tree, opaque_ops
+    from magis.commands.run import run_fission
+
+    path = tmp_path / "gpt2_tiny.py"
+    path.write_text(GPT2_TINY)
+    spec = f"{path}:factory"
+    with sdpa_kernel(SDPBackend.MATH):  # real tensors: the same decomposition as fake ones
+        _, step = workload_step(spec, dtype=torch.float64, real=True)
+    assert opaque_ops(step) == []
+    graph, tree = fission_tree(step)
+    softmax = {n for n in graph.ops() if graph.node(n).op == "aten._safe_softmax.default"}
+    through = [
+        i for i, x in enumerate(tree.nodes) if softmax & x.ftrans.nodes and x.length % 2 == 0
+    ]
+    assert through
+    rep = run_fission(step, spec, through[:1], 2, hardware="rtx3090")
+    assert rep.verified and rep.max_rel_err < 1e-9 and rep.fission
