@@ -106,7 +106,11 @@ def _mp_context():
     # forkserver: workers are forked from a clean server process, not from this one (which may
     # have run torch: forking its thread pools is unsafe); spawn where forkserver is missing.
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        # the server imports magis (torch, the baselines) once; each worker forks from it
+        ctx.set_forkserver_preload(["magis.bench.compare"])
+    return ctx
 
 
 @dataclass

@@ -162,6 +162,8 @@ class ParallelChildren:
         if wid not in entry.holders:
             blob = self._blob(moves.sid)
             entry.holders.add(wid)
+            if len(entry.holders) == self.n and entry.state is None:
+                entry.blob = None  # every worker holds it now: no need to keep its bytes here
         seen_at, trees_at = self.cursors[wid]
         task = Task(
             moves.sid,

@@ -10,10 +10,12 @@ as of the task, only read: de-duplication is the main process's, in the serial o
 
 from __future__ import annotations
 
+import importlib
 import io
 import multiprocessing
 import pickle
 import signal
+import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from magis.errors import MagisError
-from magis.ir import DEFAULT_REGISTRY
+from magis.ir import DEFAULT_REGISTRY, DerivedKey
 from magis.rules import RuleContext
 from magis.search.evaluator import Evaluator
 from magis.search.hashing import GraphHash
@@ -58,20 +60,58 @@ def start_ray(ray, address: str | None, num_cpus: int | None) -> bool:
 # --- pickling states ---------------------------------------------------------------------------
 
 
+def _by_identity(value: Any) -> bool:
+    """Objects that mean something only as themselves: fact keys, sentinels (`object()`)."""
+    return isinstance(value, DerivedKey) or type(value) is object
+
+
+def _module_keys() -> dict[int, tuple[str, str]]:
+    """Every identity-compared object magis declares at module level: id -> (module, name)."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name == "magis" or name.startswith("magis."):
+            for attr, value in list(vars(module).items()):
+                if _by_identity(value):
+                    found[id(value)] = (name, attr)
+    return found
+
+
 class _Pickler(pickle.Pickler):
-    # The op registry holds the FLOP formulas (closures): every process has its own copy.
-    def persistent_id(self, obj: Any) -> str | None:
-        return "registry" if obj is DEFAULT_REGISTRY else None
+    """Pickles a state so that it arrives whole: the op registry (its FLOP formulas are
+    closures), the keys of the facts cached on a graph (`DerivedKey`: they compare by
+    identity, so a copy would orphan every cached fact: storages, tables, node times) and
+    module-level sentinels (a layered storage map's deleted mark) are sent by name and found
+    again in the receiving process."""
+
+    def __init__(self, file, keys: dict[int, tuple[str, str]]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.keys = keys
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        if obj is DEFAULT_REGISTRY:
+            return ("registry",)
+        if _by_identity(obj):
+            where = self.keys.get(id(obj))
+            if where is None and isinstance(obj, DerivedKey):  # declared since the table was made
+                self.keys.update(_module_keys())
+                where = self.keys.get(id(obj))
+            if where is None and type(obj) is object:
+                raise pickle.PicklingError("a sentinel object() that is not at module level")
+            return None if where is None else ("module", *where)  # a key copied: recomputed
+        return None
 
 
 class _Unpickler(pickle.Unpickler):
-    def persistent_load(self, pid: str) -> Any:
-        return DEFAULT_REGISTRY
+    def persistent_load(self, pid: tuple) -> Any:
+        if pid[0] == "registry":
+            return DEFAULT_REGISTRY
+        return getattr(importlib.import_module(pid[1]), pid[2])
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: Any, keys: dict[int, tuple[str, str]] | None = None) -> bytes:
+    """`obj` pickled for another magis process; `keys`: a `_module_keys()` table to reuse."""
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    _Pickler(buf, _module_keys() if keys is None else keys).dump(obj)
     return buf.getvalue()
 
 
