@@ -98,6 +98,8 @@ def significant_strides(meta: TensorMeta) -> tuple[int | None, ...]:
 
 
 def same_meta(expected: TensorMeta, got: TensorMeta) -> bool:
+    if expected.strides == got.strides and expected.shape == got.shape:
+        return expected.dtype == got.dtype  # the common case, without the size-1 dims test
     return (
         expected.shape == got.shape
         and expected.dtype == got.dtype

@@ -58,6 +58,7 @@ class DerivedKey(Generic[T]):
 _TOPO: DerivedKey[list[int]] = DerivedKey("ir.topological_order")
 _COPY_NODES: DerivedKey[frozenset[int]] = DerivedKey("ir.copy_nodes")
 _STORAGES: DerivedKey[StorageMap] = DerivedKey("ir.storages")
+_PLACEHOLDERS: DerivedKey[list[int]] = DerivedKey("ir.placeholders")
 
 
 class GraphError(ValueError):
@@ -128,23 +129,24 @@ class Graph:
         nid = self._insert(node)
         for ref in inputs:
             self._dag.add_edge(self._index[ref.node], self._index[nid], "data")
-        self._order_before_writers(nid)
+        self._order_before_writers(nid, {})
         return nid
 
     def order_before_writers(self, nids: Iterable[int]) -> None:
         """Give each of `nids` the constraint `add_op` gives a new node (see below): for nodes
         that entered through `restore_node`, which skips it."""
+        roots: dict[Ref, Ref] = {}  # the parts of a split read the same values
         for nid in nids:
-            self._order_before_writers(nid)
+            self._order_before_writers(nid, roots)
 
-    def _order_before_writers(self, nid: int) -> None:
+    def _order_before_writers(self, nid: int, roots: dict[Ref, Ref]) -> None:
         """A node reading the old value of a placeholder that is updated in place must run
         before the update (a rewrite that adds such a reader inherits the constraint)."""
         writers = self._writers
         if not writers:
             return
         for ref in self._nodes[nid].inputs:
-            root = self._alias_root(ref)
+            root = roots.get(ref) or roots.setdefault(ref, self._alias_root(ref))
             writer = writers.get(root.node) if self._nodes[root.node].is_placeholder else None
             if writer is None or writer == nid:
                 continue
@@ -212,10 +214,8 @@ class Graph:
             if written is not None:
                 self._writers[written] = node.id
             added.append(node.id)
-        if not added:
-            return
         index.update(zip(added, self._dag.add_nodes_from(added), strict=True))
-        self._next_id = max(self._next_id, max(added) + 1)
+        self._next_id = max(self._next_id, max(added, default=-1) + 1)
         self._dag.add_edges_from(
             [(index[r.node], index[nid], "data") for nid in added for r in own[nid].inputs]
         )
@@ -273,7 +273,7 @@ class Graph:
             inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kwargs])]))
             self._nodes[uid] = replace(node, args=args, kwargs=kwargs, inputs=inputs)
             self._rewire(uid, node.inputs, inputs)
-            self._order_before_writers(uid)
+            self._order_before_writers(uid, {})
             changed.append(uid)
         self._invalidate()
         return changed
@@ -378,11 +378,9 @@ class Graph:
         return [self._dag[i] for i in self._dag.successor_indices(self._index[nid])]
 
     def placeholders(self, kind: PlaceholderKind | None = None) -> list[int]:
-        return [
-            n.id
-            for n in self._nodes.values()
-            if n.is_placeholder and (kind is None or n.placeholder_kind is kind)
-        ]
+        nodes = self._nodes  # the ids cached: F-Tree analysis asks for them per dominator tree
+        found = self.derived(_PLACEHOLDERS, lambda: [n for n in nodes if nodes[n].is_placeholder])
+        return [n for n in found if kind is None or nodes[n].placeholder_kind is kind]
 
     def ops(self) -> list[int]:
         return [n.id for n in self._nodes.values() if not n.is_placeholder]
@@ -446,10 +444,8 @@ class Graph:
         return self.derived(_STORAGES, lambda: StorageMap.build(self))
 
     def set_storages(self, storages: StorageMap) -> None:
-        """Install `storages` as this version's StorageMap, computed elsewhere from a parent's
-        (`derive_storages`): a search step touches a handful of nodes, and the full build walks
-        them all, per state. The caller vouches that it equals `StorageMap.build(self)`; the next
-        mutation drops it like every derived fact."""
+        """Install `storages`, derived from a parent's (`derive_storages`: a search step touches
+        a few nodes, a build walks all), as this version's; the caller vouches it is a build's."""
         self._derived[_STORAGES] = storages
 
     # --- checks ---------------------------------------------------------------------------
@@ -497,9 +493,7 @@ def derive_storages(
     changed: Iterable[int],
     removed: Iterable[int] = (),
 ) -> StorageMap:
-    """`child`'s StorageMap computed from `parent`'s, where `child` is `parent` with `added` nodes,
-    `changed` nodes (inputs re-wired) and `removed` nodes. Pure: install it with
-    `child.set_storages`."""
-    return StorageMap.update(
-        parent.storages(), parent, child, set(added), set(changed), set(removed)
-    )
+    """`child`'s StorageMap from `parent`'s, `child` being `parent` with `added`, `changed`
+    (re-wired) and `removed` nodes. Pure: install it with `child.set_storages`."""
+    smap = parent.storages()
+    return StorageMap.update(smap, parent, child, set(added), set(changed), set(removed))

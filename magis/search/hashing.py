@@ -98,10 +98,12 @@ class GraphHash:
 
 
 def _level_up(graph: Graph, prev, nid: int) -> int:
+    """Python's hash of a tuple of ints: the same in every process (only str and bytes hashes
+    are salted), and a tenth of a digest's cost; the level-0 labels carry the digests."""
     node = graph.node(nid)
     ins = tuple((r.index, prev[r.node]) for r in node.inputs)
-    outs = sorted(prev[u] for u in graph.successors(nid))
-    return _h(prev[nid], ins, tuple(outs))
+    outs = sorted([prev[u] for u in graph.successors(nid)])
+    return hash((prev[nid], ins, tuple(outs))) & _MASK
 
 
 _HASH: DerivedKey[GraphHash] = DerivedKey("search.wl_hash")
@@ -147,7 +149,14 @@ def wl_hash_incremental(
     # lost a user, a removed node's neighbours lost an input or a user.
     dirty = {n for n in _neighbours(old_graph, touched | removed) | touched if n in graph}
     gone: dict[int, int | None] = dict.fromkeys(removed)
-    labels = [old.labels[0].updated({**gone, **{n: _base_label(graph, n) for n in dirty}})]
+    # A level-0 label is the node's own: only nodes that are not the parent's Node objects
+    # get a new one (the others are dirty for their edges, from level 1 on).
+    relabel = {
+        n: _base_label(graph, n)
+        for n in dirty
+        if n not in old_graph or graph.node(n) is not old_graph.node(n)
+    }
+    labels = [old.labels[0].updated({**gone, **relabel})]
     frontier = dirty
     for level in range(1, LEVELS + 1):
         frontier = {
