@@ -150,11 +150,12 @@ def _emit_parts(rb: GraphRebuilder, graph: Graph, info: FTransInfo, s_order: lis
     sums: dict[Ref, Ref] = {}
     for v in s_order:
         rb.ids[v] = []
+    outs = {v: _part_outputs(graph.node(v), dims[v], axis_of[v], f.n) for v in s_order}
     for i in range(f.n):
         local: dict[Ref, Ref] = {}
         sliced: dict[tuple[Ref, int], Ref] = {}
         for v in s_order:
-            _emit_part_node(rb, graph, info, dims[v], v, axis_of[v], i, local, sliced)
+            _emit_part_node(rb, graph, info, dims[v], v, outs[v], i, local, sliced)
         for ref, merge in info.outputs.items():
             if merge.kind is OutputKind.CONCAT:
                 concat[ref].append(local[ref])
@@ -172,9 +173,19 @@ def _emit_parts(rb: GraphRebuilder, graph: Graph, info: FTransInfo, s_order: lis
     rb.env.update(sums)
 
 
-def _emit_part_node(rb, graph, info, dims, v, axis, i, local, sliced) -> None:
+def _part_outputs(node, dims, axis, n: int) -> tuple[TensorMeta, ...]:
+    """A part's outputs: 1/n along the split axis (the same for every part)."""
+    return tuple(
+        TensorMeta(split_shape(m.shape, d, n), m.dtype, m.itemsize)
+        if (d := dims.output_dim(k, axis)) is not None
+        else m
+        for k, m in enumerate(node.outputs)
+    )
+
+
+def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced) -> None:
     """Copy node v for part i: slots read the part's values, slices of sliced inputs, or the
-    shared input; outputs along the split axis are 1/n; shape arguments follow."""
+    shared input; outputs are `outs` (`_part_outputs`); shape arguments follow."""
     node = graph.node(v)
     n = info.ftrans.n
 
@@ -189,12 +200,6 @@ def _emit_part_node(rb, graph, info, dims, v, axis, i, local, sliced) -> None:
         return sliced[(ref, d)]
 
     args, kwargs = map_slots(node, arg)
-    outs = tuple(
-        TensorMeta(split_shape(m.shape, d, n), m.dtype, m.itemsize)
-        if (d := dims.output_dim(k, axis)) is not None
-        else m
-        for k, m in enumerate(node.outputs)
-    )
     args = list(args)
     for p, k in dims.shape_args:
         if p < len(args):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from magis.ir import Graph, Ref, TensorMeta
-from magis.ir.graph import Node, NodeKind, refs_in
+from magis.ir.graph import Node, NodeKind
 
 
 class _Env(dict):
@@ -104,7 +104,7 @@ class GraphRebuilder:
         writes_into: Ref | None = None,
     ) -> int:
         kw = tuple(sorted((kwargs or {}).items()))
-        inputs = tuple(dict.fromkeys([*refs_in(args), *refs_in([v for _, v in kw])]))
+        inputs = tuple(dict.fromkeys(_refs([v for _, v in kw], _refs(args, []))))
         node = Node(
             id=nid,
             name=name,
@@ -150,17 +150,33 @@ class GraphRebuilder:
 
 def map_slots(node: Node, fn: Callable[[int, Ref], Ref]) -> tuple[tuple, dict]:
     """The node's args and kwargs with the j-th Ref occurrence (slot j) replaced by fn(j, ref)."""
-    counter = iter(range(1 << 30))
+    slot = 0
 
     def walk(value):
+        nonlocal slot
         if isinstance(value, Ref):
-            return fn(next(counter), value)
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(walk(v) for v in value)
+            slot += 1
+            return fn(slot - 1, value)
+        if isinstance(value, list | tuple):
+            out = [walk(v) if isinstance(v, _NESTED) else v for v in value]
+            return out if isinstance(value, list) else tuple(out)
         return value
 
     args = walk(node.args)
     kwargs = {k: walk(v) for k, v in node.kwargs}
     return args, kwargs
+
+
+_NESTED = (Ref, list, tuple)  # what `map_slots` and `_refs` look into
+
+
+def _refs(value, out: list[Ref]) -> list[Ref]:
+    """Every Ref inside `value`, appended to `out` in order (`refs_in`, without generators:
+    a split makes thousands of nodes)."""
+    if isinstance(value, Ref):
+        out.append(value)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if isinstance(v, _NESTED):
+                _refs(v, out)
+    return out
