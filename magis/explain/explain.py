@@ -199,7 +199,7 @@ def bottleneck(graph: Graph, order: list[int], k: int = BOTTLENECK_TENSORS) -> t
             h.nbytes,
             tuple(h.shape),
             h.category.value if h.category is not None else "",
-            getattr(graph.node(h.storage.node), "module", ""),
+            graph.node(h.storage.node).module,
         )
         for h in sim.top_hotspots(k)
     )

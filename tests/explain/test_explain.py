@@ -56,8 +56,9 @@ def test_rows_say_what_each_move_did(optimized):
     rows = explain(plan).rows
     kinds = {r.decision.kind for r in rows}
     assert kinds - {DecisionKind.REORDER, DecisionKind.WARM_START}  # the search's own moves
-    moves = [r for r in rows if r.decision.created or r.decision.removed]
-    assert moves and all(r.decision.modules for r in moves)  # where in the model
+    # where in the model: a rewrite's and a split's nodes read weights and activations
+    rewrites = [r for r in rows if r.decision.kind in (DecisionKind.TASO, DecisionKind.FISSION)]
+    assert rewrites and all(r.decision.modules for r in rewrites)
     for row in explain(plan).rows:
         d = row.decision
         assert d.description
@@ -135,7 +136,7 @@ def test_a_limit_not_met_names_the_tensors_at_the_peak():
     assert not plan.summary.satisfied
     e = explain(plan)
     assert e.bottleneck and e.bottleneck[0].nbytes == max(b.nbytes for b in e.bottleneck)
-    assert all(b.category for b in e.bottleneck)
+    assert all(b.category for b in e.bottleneck) and any(b.module for b in e.bottleneck)
     assert e.least_peak_found_bytes <= plan.summary.peak_bytes
     assert e.bytes_saved == e.peak_reduction_bytes
 
