@@ -9,12 +9,14 @@ training scripts). Batches are drawn from a seeded generator, in the default dty
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from magis.capture.corpus.base import Batch, Size
 
@@ -74,17 +76,21 @@ class DiffusionLoss:
         timesteps: torch.Tensor,
         *condition: torch.Tensor,
     ) -> torch.Tensor:
-        noisy = self.scheduler().add_noise(clean, noise, timesteps)
+        noisy = self.scheduler.add_noise(clean, noise, timesteps)
         if condition:
             prediction = model(noisy, timesteps, encoder_hidden_states=condition[0]).sample
         else:
             prediction = model(noisy, timesteps).sample
         return F.mse_loss(prediction.float(), noise.float())
 
+    @functools.cached_property
     def scheduler(self) -> Any:
+        """The noise schedule, made once and outside any fake or tracing mode, as a training
+        script makes it before its loop: its tables are constants of the step, not ops in it."""
         from diffusers import DDPMScheduler
 
-        return DDPMScheduler(num_train_timesteps=self.train_timesteps)
+        with _disable_current_modes():
+            return DDPMScheduler(num_train_timesteps=self.train_timesteps)
 
 
 def _is_hf(model: nn.Module) -> bool:
@@ -145,7 +151,7 @@ def diffusion_batch(config: Any, size: Size, batch: int, gen: torch.Generator) -
     text encoder's states (`target` tokens of `cross_attention_dim`)."""
     shape = (batch, config.in_channels, size.length, size.length)
     clean, noise = _floats(shape, gen), _floats(shape, gen)
-    steps = torch.randint(0, DiffusionLoss().train_timesteps, (batch,), generator=gen)
+    steps = torch.randint(0, DiffusionLoss.train_timesteps, (batch,), generator=gen)
     cross = getattr(config, "cross_attention_dim", None)
     if cross is None:
         return clean, noise, steps
