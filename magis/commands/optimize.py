@@ -144,6 +144,7 @@ def find_plan(
     progress: Progress = silent,
     workers: int = 1,
     ray: str | None = None,
+    seed: int | None = None,
 ) -> Plan:
     """Run the search of MAGIS Alg. 3 for at most `time_budget` seconds (Ctrl-C stops it too)
     and hand over its best state as a Plan. With `warm_start`, the baselines' best plans are
@@ -152,7 +153,8 @@ def find_plan(
     `before_polish` gets the best plan before the final re-ordering, which a second Ctrl-C can
     interrupt (the CLI saves it there). `workers` > 1 builds each popped state's children in
     that many processes (Ray actors with `ray`: "local" or a cluster's address), the same
-    plan for a seed and `max_states` (`magis.search.parallel`)."""
+    plan for a seed and `max_states` (`magis.search.parallel`). `seed` shuffles the order the
+    rules are tried in (`SearchOptions.seed`)."""
     start = time.perf_counter()
 
     def hand_over(result: SearchResult) -> None:
@@ -178,6 +180,7 @@ def find_plan(
             memory_figure=setup.figure,
             workers=workers,
             ray=ray,
+            seed=seed,
         ),
         on_improvement,
         hand_over if before_polish is not None else None,
