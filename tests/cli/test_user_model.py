@@ -185,9 +185,10 @@ def test_the_drop_in_example_has_a_factory():
     assert list(ids.shape) == [1, 1024]
 
 
-def test_a_plan_made_for_a_model_file_runs_and_verifies(capsys, models, tmp_path):
+def test_a_plan_made_for_a_model_file_runs_verifies_and_explains(capsys, models, tmp_path):
     """`magis run model.py:factory --plan P` builds the model for real (it fits: checked first
-    on fake tensors), runs the plan and verifies it against eager PyTorch."""
+    on fake tensors), runs the plan and verifies it against eager PyTorch; `magis explain P`
+    reads the plan alone."""
     spec, plan = f"{models}:factory", tmp_path / "plan.json"
     code, err = _invoke(capsys, "optimize", spec, "--mem-limit", "0.9", "--max-states", "10",
                         "--save", str(plan))  # fmt: skip
@@ -197,6 +198,8 @@ def test_a_plan_made_for_a_model_file_runs_and_verifies(capsys, models, tmp_path
     )
     assert code == 0, err
     assert json.loads((tmp_path / "r.json").read_text())["verified"] is True
+    code, err = _invoke(capsys, "explain", str(plan), "--json", str(tmp_path / "e.json"))
+    assert code == 0, err  # the plan holds its graph: explain needs no model file
 
 
 GPT2_TINY = """
