@@ -72,24 +72,30 @@ def place_floaters(
     of the schedule and do not constrain."""
     order = sorted(floaters, key=clo.index.__getitem__)
     late: set[int] = set()
+    kept = problem.kept
     for f in order:  # what a late floater makes does not count as freed: it moves along
-        if problem.kept(f) > frees_for_sure(problem, clo, f, before, late):
+        keeps = kept(f)
+        if keeps and keeps > frees_for_sure(problem, clo, f, before, late):
             late.add(f)
+    # Plain loops below: this runs for every floater at every cut the partition tries.
     seg: dict[int, int] = {}
     earliest: dict[int, int] = {}
+    preds, succs = problem.preds, problem.succs
     for f in order:  # early floaters, in topological order
-        earliest[f] = max(
-            (fixed[p] if p in fixed else seg.get(p, earliest.get(p, 0)) for p in problem.preds[f]),
-            default=0,
-        )
+        at = 0
+        for p in preds[f]:
+            k = fixed[p] if p in fixed else seg.get(p, earliest.get(p, 0))
+            if k > at:
+                at = k
+        earliest[f] = at
         if f not in late:
-            seg[f] = earliest[f]
+            seg[f] = at
     for f in reversed(order):  # late floaters, next to their first user
         if f in late:
-            users = [
-                fixed[s] if s in fixed else seg[s]
-                for s in problem.succs[f]
-                if s in fixed or s in seg
-            ]
-            seg[f] = min(users, default=nsegs - 1)
+            at = nsegs - 1
+            for s in succs[f]:
+                k = fixed.get(s, seg.get(s, at))
+                if k < at:
+                    at = k
+            seg[f] = at
     return seg

@@ -27,6 +27,7 @@ storages they make and read, computed once per graph version (`Graph.derived`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from magis.ir import DerivedKey, Graph
 
@@ -65,7 +66,15 @@ class Problem:
 
     def kept(self, u: int) -> int:
         """Bytes unit `u` allocates that outlive its step (read later or a graph output)."""
-        return sum(self.sbytes[s] for s in self.makes[u] if self.sreaders[s] or self.soutput[s])
+        return self._kept[u]
+
+    @cached_property
+    def _kept(self) -> tuple[int, ...]:
+        """`kept` of every unit: the partition asks it of every floater at every cut."""
+        sbytes, sreaders, soutput = self.sbytes, self.sreaders, self.soutput
+        return tuple(
+            sum(sbytes[s] for s in made if sreaders[s] or soutput[s]) for made in self.makes
+        )
 
 
 _PROBLEM: DerivedKey[Problem] = DerivedKey("schedule.problem")
