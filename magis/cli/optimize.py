@@ -193,6 +193,7 @@ class SearchDisplay:
     memory: float = 1.0
     latency: float = 1.0
     improvements: int = 0
+    budget: float | None = None  # seconds of search (--time-budget)
 
     def improved(self, memory: float, latency: float) -> None:
         self.memory, self.latency = memory, latency
@@ -202,20 +203,26 @@ class SearchDisplay:
         table = optimize_table(
             self.workload, self.memory, self.latency, self.improvements, self.activity.elapsed()
         )
-        table.caption = self.activity.stage or None  # warm starts, then the search
+        stage = self.activity.stage  # warm starts, then the search; none once done
+        table.caption = f"{stage}{self._of_budget()}" if stage else None
         return table
 
     def figures(self) -> str:
         plural = "" if self.improvements == 1 else "s"
         return (
             f"{self.improvements} improvement{plural}, best memory {self.memory:.3f} "
-            f"latency {self.latency:.3f}"
+            f"latency {self.latency:.3f}{self._of_budget()}"
         )
 
+    def _of_budget(self) -> str:
+        return f" (budget {self.budget:.0f} s)" if self.budget is not None else ""
 
-def search_display(workload: str, clock: Callable[[], float] = time.monotonic) -> SearchDisplay:
+
+def search_display(
+    workload: str, budget: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> SearchDisplay:
     activity = Activity(f"optimizing {workload}", clock=clock)
-    display = SearchDisplay(workload, activity)
+    display = SearchDisplay(workload, activity, budget=budget)
     activity.figures = display.figures
     return display
 
@@ -238,7 +245,7 @@ def _search_live(
     to `keeper`."""
     from magis.commands.optimize import find_plan
 
-    display = search_display(workload)
+    display = search_display(workload, time_budget)
 
     def show(imp) -> None:
         display.improved(setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency))

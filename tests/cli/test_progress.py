@@ -55,7 +55,7 @@ def test_the_live_display_redraws_at_least_once_a_second_reading_the_view_each_t
 
 def test_the_optimize_table_shows_the_time_now_not_at_the_last_improvement():
     clock = Clock()
-    display = search_display("bert-base:tiny", clock=clock)
+    display = search_display("bert-base:tiny", budget=20, clock=clock)
     display.activity.enter("searching")  # the progress callback find_plan is handed
     display.improved(0.61, 1.04)
     assert "1 / 0 s" in _text(display.table()) and "searching" in _text(display.table())
@@ -63,7 +63,8 @@ def test_the_optimize_table_shows_the_time_now_not_at_the_last_improvement():
     assert "1 / 7 s" in _text(display.table())
     line = display.activity.line()
     assert line.startswith("optimizing bert-base:tiny: searching, 7.0 s")
-    assert "1 improvement, best memory 0.610 latency 1.040" in line
+    assert "1 improvement, best memory 0.610 latency 1.040 (budget 20 s)" in line
+    assert "searching (budget 20 s)" in _text(display.table())
 
 
 def test_the_spinner_shows_its_stage_and_elapsed_time():
