@@ -103,9 +103,9 @@ def get_workload(name: str, batch: int | None = None) -> Workload:
     `corpus:NAME` and `corpus:NAME:tiny` are the public corpus (`magis.capture.corpus`).
     """
     if name.strip().startswith("corpus:"):
-        from magis.capture.corpus import corpus_workload
+        from magis.capture.corpus import workload_fields
 
-        return _with_batch(corpus_workload(name), batch)
+        return _with_batch(Workload(**workload_fields(name)), batch)
     family, _, size = name.strip().partition(":")
     size = size or "paper"
     if family not in _FAMILIES or size not in SIZES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from magis.capture import Workload, list_workloads
+from magis.capture import Workload, get_workload, list_workloads
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,9 @@ class WorkloadsReport:
 def workloads(corpus: bool = False) -> WorkloadsReport:
     """Every zoo workload, or every corpus entry at full and tiny size when `corpus`."""
     if corpus:
-        from magis.capture.corpus import list_corpus
+        from magis.capture.corpus import workload_names
 
-        listed = list_corpus()
+        listed = [get_workload(name) for name in workload_names()]
     else:
         listed = list_workloads()
     return WorkloadsReport(tuple(_row(wl) for wl in listed))

@@ -15,8 +15,7 @@ from magis.capture.corpus import (
     FULL,
     TINY,
     build_case,
-    corpus_workload,
-    list_corpus,
+    workload_names,
 )
 from magis.capture.corpus.base import UserLoss
 from magis.capture.models import DenseNet, DenseNetConfig
@@ -77,8 +76,8 @@ def test_names_sizes_and_batch_override():
     tiny = get_workload("corpus:gpt2:tiny", batch=3)
     assert (tiny.name, tiny.size, tiny.batch) == ("corpus:gpt2:tiny", TINY, 3)
     assert tiny.make_inputs(3)[0].shape == (3, 32)
-    assert len(list_corpus()) == 2 * len(CORPUS_NAMES)
-    assert corpus_workload("corpus:llama").dtype == torch.bfloat16
+    assert len(workload_names()) == 2 * len(CORPUS_NAMES)
+    assert get_workload("corpus:llama").dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("name", ["corpus:nope", "corpus:gpt2:small", "corpus:"])

@@ -9,13 +9,14 @@ loss its library's users write (`losses`): `labels=` and `.loss` for Hugging Fac
 Every architecture has two sizes: ``full``, its family's usual training size (`corpus:NAME` in
 every command, built under fake tensors), and ``tiny`` (`corpus:NAME:tiny`), which executes in
 float64 in well under a second. `build_case(name, size)` gives a model, a batch and the loss
-for `magis.compile`; `corpus_workload(name)` the same as a zoo `Workload`.
+for `magis.compile`; `magis.capture.get_workload("corpus:NAME")` the same as a zoo `Workload`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -44,8 +45,8 @@ __all__ = [
     "Case",
     "Size",
     "build_case",
-    "corpus_workload",
-    "list_corpus",
+    "workload_fields",
+    "workload_names",
 ]
 
 CORPUS_PREFIX = "corpus:"
@@ -87,15 +88,14 @@ def build_case(
     return Case(name, model, batch, arch.loss_fn)
 
 
-def corpus_workload(name: str):
-    """`corpus:NAME` (full size) or `corpus:NAME:tiny` as a zoo `Workload`.
+def workload_fields(name: str) -> dict[str, Any]:
+    """`corpus:NAME` (full size) or `corpus:NAME:tiny`: the fields of a zoo `Workload`
+    (`magis.capture.workloads.get_workload` builds it; this package does not import that one).
 
     Its model is `UserLoss(model, loss_fn)`, whose forward is the user's loss, so its
     `loss_fn` is None (the step's loss is `model(*inputs)`). A full-size entry has the zoo's
     size name "paper": commands build it under fake tensors, as they build the zoo's.
     """
-    from magis.capture.workloads import Workload
-
     arch_name, _, size = name.strip().removeprefix(CORPUS_PREFIX).partition(":")
     size = size or FULL
     arch = get_architecture(arch_name, size)
@@ -108,25 +108,25 @@ def corpus_workload(name: str):
         return arch.example_batch(size, batch, torch.Generator().manual_seed(1))
 
     full = size == FULL
-    return Workload(
-        name=f"{CORPUS_PREFIX}{arch_name}" + ("" if full else f":{size}"),
-        family=f"{CORPUS_PREFIX}{arch_name}",
-        size="paper" if full else size,
-        dtype=row.dtype if full else torch.float32,
-        batch=row.batch,
-        build_model=build_model,
-        make_inputs=make_inputs,
-        loss_fn=None,  # type: ignore[arg-type]  # the model's forward is the loss
-        description=f"{arch.family}: {arch.description}; "
+    return {
+        "name": f"{CORPUS_PREFIX}{arch_name}" + ("" if full else f":{size}"),
+        "family": f"{CORPUS_PREFIX}{arch_name}",
+        "size": "paper" if full else size,
+        "dtype": row.dtype if full else torch.float32,
+        "batch": row.batch,
+        "build_model": build_model,
+        "make_inputs": make_inputs,
+        "loss_fn": None,  # the model's forward is the loss
+        "description": f"{arch.family}: {arch.description}; "
         + ("" if full else f"{size} config, ")
         + row.shape_text(),
-    )
+    }
 
 
-def list_corpus(sizes: tuple[str, ...] = (FULL, TINY)) -> list:
-    """Every corpus entry as a `Workload`, each at each of `sizes`."""
+def workload_names(sizes: tuple[str, ...] = (FULL, TINY)) -> list[str]:
+    """Every corpus entry's workload name, each at each of `sizes`."""
     return [
-        corpus_workload(f"{CORPUS_PREFIX}{name}" + ("" if s == FULL else f":{s}"))
+        f"{CORPUS_PREFIX}{name}" + ("" if s == FULL else f":{s}")
         for name in CORPUS_NAMES
         for s in sizes
     ]
