@@ -112,7 +112,8 @@ def get_workload(name: str, batch: int | None = None) -> Workload:
         known = ", ".join(WORKLOAD_FAMILIES)
         raise UnknownWorkloadError(
             f"unknown workload '{name}'; known: {known} (each also as NAME:tiny or NAME:small)"
-            " (run `magis workloads`), or your own: path/to/model.py:factory"
+            " (run `magis workloads`), the public corpus as corpus:NAME (`magis workloads"
+            " --corpus`), or your own: path/to/model.py:factory"
         )
     return _with_batch(_FAMILIES[family](size), batch)
 
