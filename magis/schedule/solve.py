@@ -103,8 +103,9 @@ def solve(
     spent = 0
     while queue:
         mask = queue.popleft()
-        seg = sweep.segment(clo.units[i] for i in bits(mask))
-        tries_dp = options.use_dp and seg.m <= options.dp_limit and spent < options.total_budget
+        m = mask.bit_count()  # a segment's problem is built only for the DP or the heuristic
+        tries_dp = options.use_dp and m <= options.dp_limit and spent < options.total_budget
+        seg = sweep.segment(clo.units[i] for i in bits(mask)) if tries_dp else None
         if tries_dp:
             local, peak, exact, expanded = _dp(problem, seg, options, memo)
             spent += expanded
@@ -116,6 +117,7 @@ def solve(
             queue.extendleft(reversed(parts))
             continue
         if not tries_dp:
+            seg = sweep.segment(clo.units[i] for i in bits(mask))
             heur = list_schedule(seg)
             local, peak = heur.order, heur.peak
         _emit(problem, sweep, seg, local, peak, False, order, infos)
