@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from magis.capture.building import default_dtype
 from magis.capture.corpus.base import (
     FULL,
     TINY,
@@ -27,7 +28,6 @@ from magis.capture.corpus.base import (
     Case,
     Size,
     UserLoss,
-    default_dtype,
 )
 from magis.capture.corpus.diffusion import DIFFUSION_MODELS
 from magis.capture.corpus.language import LANGUAGE

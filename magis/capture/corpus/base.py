@@ -14,8 +14,7 @@ ConvNeXt's drop-path rates from `torch.linspace(...).tolist()`) and initialisers
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,16 +112,6 @@ class UserLoss(nn.Module):
 
     def forward(self, *batch: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(self.model, *batch)
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 # --- Hugging Face models ---------------------------------------------------------------------
