@@ -3,6 +3,7 @@ a second with a fresh elapsed time; plain periodic lines on stderr when stdout i
 
 from __future__ import annotations
 
+import inspect
 import io
 import time
 
@@ -118,3 +119,29 @@ def test_optimize_prints_periodic_lines_when_not_a_terminal(magis_cli):
     searching = _lines(res.stderr, "optimizing bert-base:tiny: searching, ")
     assert len(searching) >= 2 and all("best memory" in line for line in searching)
     assert "optimizing bert-base:tiny" in res.stdout  # the final table, once
+
+
+QUICK_COMMANDS = {"workloads"}  # a listing: done as soon as magis is imported
+
+
+def _commands(app, prefix: str = ""):
+    for command in app.registered_commands:
+        yield prefix + (command.name or command.callback.__name__), command.callback
+    for group in app.registered_groups:
+        yield from _commands(group.typer_instance, f"{prefix}{group.name} ")
+
+
+def test_every_command_that_can_take_seconds_shows_progress():
+    """Each command but a listing draws its work through the progress helpers of
+    magis.cli.output (a new command without them fails here)."""
+    from magis.cli import app
+
+    helpers = ("spinner(", "progress_bar(", "showing(", "_search_live(")
+    silent = [
+        name
+        for name, callback in _commands(app)
+        if name not in QUICK_COMMANDS and not any(h in inspect.getsource(callback) for h in helpers)
+    ]
+    names = [name for name, _ in _commands(app)]
+    assert "optimize" in names and "bench fuzz" in names
+    assert silent == []
