@@ -23,12 +23,14 @@ The step captured is the zoo's: forward, backward and the zoo's update rule
 made for the same kind of step as one made for a zoo workload. (`magis.compile` captures the
 user's own `torch.optim` optimizer; this is for analysis and planning from the command line.)
 
-A `--batch B` is handed to NAME as `batch=B` when NAME takes a `batch` parameter.
+A `--batch B` is handed to NAME as `batch=B` when NAME takes a `batch` parameter. `magis run`
+calls NAME with real tensors (`real=True`), once its fake capture shows that the step fits.
 
 Every way this goes wrong is one `ModelFileError` line that names the spec: the file missing
 or failing to load, no such function, a result of the wrong shape, a model that is no
 `nn.Module`, a batch that is not tensors, a value read while building under fake tensors, a
-capture that fails (with the ATen op it failed at, when torch names one).
+capture that fails (with the ATen op it failed at, when torch names one, and the line of the
+model's code it failed in).
 """
 
 from __future__ import annotations
