@@ -28,6 +28,7 @@ _REGISTRY = {
     "checkpoint": "magis.baselines.checkpoint:CHECKPOINT",
     "min-cut": "magis.baselines.mincut:MIN_CUT",
     "min-cut-budget": "magis.baselines.mincut:MIN_CUT_BUDGET",
+    "min-cut-ir": "magis.baselines.mincut_ir:MIN_CUT_IR",
     "dtr": "magis.baselines.dtr:DTR",
     "xla-remat": "magis.baselines.xla:XLA_REMAT",
     "pofo": "magis.baselines.pofo:POFO",

@@ -26,9 +26,9 @@ from magis.ir import Graph
 from magis.search import Mode, Objective, WarmStart
 
 # The peers that most often hold the best point first (issue #16's table: xla-remat on the
-# decoders and DenseNet, pofo on T5); min-cut needs the model itself (it re-traces through
-# AOTAutograd), not only the graph.
-WARM_START_METHODS = ("xla-remat", "pofo", "dtr", "checkpoint")
+# decoders and DenseNet, pofo on T5). PyTorch's own min-cut needs the model (it re-traces it
+# through AOTAutograd) and makes another capture; min-cut-ir is the same algorithm on the step.
+WARM_START_METHODS = ("xla-remat", "pofo", "min-cut-ir", "dtr", "checkpoint")
 WARM_START_SHARE = 0.25  # of the time budget, at most, before the search starts
 
 
