@@ -138,20 +138,23 @@ class ParallelChildren:
 
     # --- moves -----------------------------------------------------------------------------
 
-    def outcome(self, moves: PendingMoves) -> Outcome:
-        """The outcome of the move at the cursor, keeping idle workers on the next ones."""
+    def outcome(self, moves: PendingMoves, ahead: int) -> Outcome:
+        """The outcome of the move at the cursor, with idle workers on the moves after it
+        (`ahead` moves from the cursor at most)."""
         while moves.cursor not in moves.outcomes:
-            self._fill(moves)
+            self._fill(moves, ahead)
             self._collect()
         return moves.outcomes.pop(moves.cursor)
 
-    def _fill(self, moves: PendingMoves) -> None:
-        """Hand the moves after the cursor (up to one per worker) to idle workers."""
-        for wid in range(self.n):
+    def _fill(self, moves: PendingMoves, ahead: int) -> None:
+        """Hand the next moves to idle workers, those holding the state first (no bytes to
+        send)."""
+        holders = self.entries[moves.sid].holders if moves.sid in self.entries else set()
+        for wid in sorted(range(self.n), key=lambda w: w not in holders):
             if wid in self.busy:
                 continue
-            ahead = moves.next_index < moves.cursor + self.n
-            if not ahead or (moves.end is not None and moves.next_index >= moves.end):
+            within = moves.next_index < moves.cursor + ahead
+            if not within or (moves.end is not None and moves.next_index >= moves.end):
                 return
             self._submit(wid, moves, moves.next_index)
             moves.next_index += 1
@@ -250,7 +253,10 @@ def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
     while True:
         if search.out_of_budget():
             return
-        out = pool.outcome(moves)
+        # The first child of a pop often improves (a line of improvements): then the serial
+        # search stops there, and siblings built meanwhile would wait, maybe for ever. So the
+        # workers fan out only once a child of this pop has not improved.
+        out = pool.outcome(moves, ahead=1 if evaluated == 0 else pool.n)
         moves.cursor += 1
         if out.name is None:  # no more moves: the state is done with
             pool.release(moves.sid)
