@@ -397,4 +397,6 @@ def model_file_step(
     factory = load_factory(spec)
     result = call_factory(spec, factory, batch=batch, dtype=dtype, real=real, seed=seed)
     factored = check_result(spec, result)
-    return _describe(spec, factored), capture_factored(spec, factored, optimizer)
+    with _folder_on_path(spec.path.resolve().parent):  # the forward may import lazily too
+        step = capture_factored(spec, factored, optimizer)
+    return _describe(spec, factored), step

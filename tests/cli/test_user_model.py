@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,24 @@ def test_sdpa_attention_of_a_user_model_is_known_and_splits_exactly(tmp_path):
     assert through
     rep = run_fission(step, spec, through[:1], 2, hardware="rtx3090")
     assert rep.verified and rep.max_rel_err < 1e-9 and rep.fission
+
+
+def test_sibling_modules_import_as_under_python_model_py(tmp_path):
+    """The file's folder is on sys.path while it loads, while the factory runs and while the
+    step is captured (a forward that imports lazily), as `python model.py` would have it."""
+    (tmp_path / "sizes_h3.py").write_text("WIDTH = 5\n")
+    (tmp_path / "activation_h3.py").write_text("import torch\nact = torch.tanh\n")
+    (tmp_path / "net.py").write_text(
+        "import torch\n"
+        "from sizes_h3 import WIDTH\n\n\n"
+        "class Net(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        from activation_h3 import act\n\n"
+        "        return act(super().forward(x)).sum()\n\n\n"
+        "def factory():\n"
+        "    return Net(WIDTH, WIDTH), torch.randn(3, WIDTH)\n"
+    )
+    info, step = workload_step(f"{tmp_path / 'net.py'}")  # NAME defaults to factory
+    assert info.parameters == 5 * 5 + 5 and info.batch == 3
+    assert "aten.tanh.default" in {step.graph.node(n).op for n in step.graph.ops()}
+    assert str(tmp_path) not in sys.path
