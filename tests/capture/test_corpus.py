@@ -89,7 +89,7 @@ def test_unknown_corpus_names_are_one_line_errors(name):
 # full size: the published configs at training batch, under fake tensors (nothing allocated)
 FULL_SIZE = {
     # name: (DATA shapes, plausible node range, parameters in millions)
-    "gpt2": ([(8, 1024), (8, 1024)], (1500, 3000), 124.4),
+    "gpt2": ([(8, 1024), (8, 1024)], (1500, 3000), 124.4),  # tied: untied would be 163.0
     "bart": ([(16, 512), (16, 128)], (2500, 4500), 139.4),
     "resnet": ([(64, 3, 224, 224), (64,)], (800, 1500), 25.6),
 }
