@@ -250,13 +250,17 @@ def _search_live(
     def show(imp) -> None:
         display.improved(setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency))
 
+    def keep_then_reorder(plan: Plan) -> None:  # the search is over: its best plan is kept
+        display.activity.enter("final re-ordering")
+        keeper.keep(plan)
+
     with showing(display.activity, display.table, transient=False):
         plan = find_plan(
             setup,
             time_budget=time_budget,
             on_improvement=show,
             max_states=max_states,
-            before_polish=keeper.keep if keeper.path is not None else None,
+            before_polish=keep_then_reorder if keeper.path is not None else None,
             progress=display.activity.enter,
             workers=parallel[0],
             ray=parallel[1],
