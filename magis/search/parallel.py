@@ -86,7 +86,7 @@ class ParallelChildren:
     def start(search) -> ParallelChildren:
         options, ev = search.options, search.evaluator
         n = options.workers
-        setup = dumps((ev.cost, options))
+        setup = dumps((ev.cost, options, search.rules))
         if options.ray is not None:
             transport = start_ray_workers(n, setup, options.ray)
         else:

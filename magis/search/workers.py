@@ -24,7 +24,7 @@ from typing import Any
 
 from magis.errors import MagisError
 from magis.ir import DEFAULT_REGISTRY, DerivedKey
-from magis.rules import RuleContext
+from magis.rules import Rule, RuleContext
 from magis.search.evaluator import Evaluator
 from magis.search.hashing import GraphHash
 from magis.search.state import MState
@@ -65,14 +65,19 @@ def _by_identity(value: Any) -> bool:
     return isinstance(value, DerivedKey) or type(value) is object
 
 
-def _module_keys() -> dict[int, tuple[str, str]]:
-    """Every identity-compared object magis declares at module level: id -> (module, name)."""
-    found = {}
+def _module_keys() -> dict[int, tuple]:
+    """Objects magis declares at module level that travel by name: identity-compared ones, and
+    the rules (their matchers are closures), alone or in a module's tuple of rules.
+    id -> (module, name) or (module, name, index)."""
+    found: dict[int, tuple] = {}
     for name, module in list(sys.modules.items()):
         if name == "magis" or name.startswith("magis."):
             for attr, value in list(vars(module).items()):
-                if _by_identity(value):
+                if _by_identity(value) or isinstance(value, Rule):
                     found[id(value)] = (name, attr)
+                elif isinstance(value, tuple) and value and all(isinstance(r, Rule) for r in value):
+                    for i, rule in enumerate(value):
+                        found.setdefault(id(rule), (name, attr, i))
     return found
 
 
@@ -83,13 +88,15 @@ class _Pickler(pickle.Pickler):
     module-level sentinels (a layered storage map's deleted mark) are sent by name and found
     again in the receiving process."""
 
-    def __init__(self, file, keys: dict[int, tuple[str, str]]) -> None:
+    def __init__(self, file, keys: dict[int, tuple]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.keys = keys
 
     def persistent_id(self, obj: Any) -> tuple | None:
         if obj is DEFAULT_REGISTRY:
             return ("registry",)
+        if isinstance(obj, Rule) and id(obj) in self.keys:
+            return ("module", *self.keys[id(obj)])
         if _by_identity(obj):
             where = self.keys.get(id(obj))
             if where is None and isinstance(obj, DerivedKey):  # declared since the table was made
@@ -105,10 +112,11 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: tuple) -> Any:
         if pid[0] == "registry":
             return DEFAULT_REGISTRY
-        return getattr(importlib.import_module(pid[1]), pid[2])
+        value = getattr(importlib.import_module(pid[1]), pid[2])
+        return value[pid[3]] if len(pid) == 4 else value
 
 
-def dumps(obj: Any, keys: dict[int, tuple[str, str]] | None = None) -> bytes:
+def dumps(obj: Any, keys: dict[int, tuple] | None = None) -> bytes:
     """`obj` pickled for another magis process; `keys`: a `_module_keys()` table to reuse."""
     buf = io.BytesIO()
     _Pickler(buf, _module_keys() if keys is None else keys).dump(obj)
@@ -194,11 +202,9 @@ class ChildWorker:
     """One worker: the states it holds, each popped state's move stream, its evaluator."""
 
     def __init__(self, wid: int, setup: bytes) -> None:
-        from magis.search.optimizer import search_rules  # the optimizer imports this module
-
-        cost, options = loads(setup)
+        cost, options, rules = loads(setup)  # the rules in the search's order (its seed's)
         self.wid = wid
-        self.rules = search_rules(options)
+        self.rules = rules
         self.hotspots_only = options.hotspots_only
         self.evaluator = _MirrorEvaluator(cost, options.memory_figure, seen_trees=_TreeKeys())
         self.states: dict[Sid, MState] = {}
