@@ -103,6 +103,13 @@ class Layered(_Layers[K, V], Mapping[K, V]):
     def __len__(self) -> int:
         return self._len
 
+    def items(self):
+        """The (key, value) pairs, in order (the shared dict's own view when nothing is
+        layered on it: a fresh build's maps are read whole, once per graph version)."""
+        if not self._delta and not self._tail:
+            return self._flat.items()
+        return super().items()
+
     def draft(self) -> Draft[K, V]:
         return Draft(self)
 
@@ -182,12 +189,22 @@ class StorageMap:
         nbytes: dict[Ref, int] = {}
         host: set[Ref] = set()
         readers: dict[Ref, list[int]] = {}
+        infos: dict[str, OpInfo] = {}  # by op: the registry's lookup is slow at this rate
         for nid in order:
             node = nodes[nid]
-            info = None if node.is_placeholder else lookup(node.op)
+            if node.is_placeholder:
+                info = None
+            else:
+                info = infos.get(node.op)
+                if info is None:
+                    info = infos[node.op] = lookup(node.op)
             aliased = _aliased_input(node, info)
-            for s in {base[r] for r in node.inputs}:
-                readers[s].append(nid)
+            ins = node.inputs
+            if len(ins) == 1:
+                readers[base[ins[0]]].append(nid)
+            else:
+                for s in {base[r] for r in ins}:
+                    readers[s].append(nid)
             for i, meta in enumerate(node.outputs):
                 ref = Ref(nid, i)
                 if aliased is not None:

@@ -70,18 +70,20 @@ def _key(s: Ref) -> int:
 
 def _build(graph: Graph) -> Tables:
     smap = graph.storages()
-    storages = [s for s in smap.nbytes if s not in smap.resident]
-    index = {s: i for i, s in enumerate(storages)}
+    resident = smap.resident
+    sized = [(s, b) for s, b in smap.nbytes.items() if s not in resident]
+    storages = [s for s, _ in sized]
     rs, rn = [], []
-    for s in storages:
-        for reader in smap.readers[s]:
-            rs.append(index[s])
+    readers = smap.readers
+    for i, s in enumerate(storages):
+        for reader in readers[s]:
+            rs.append(i)
             rn.append(reader)
     resident_by: dict[PlaceholderKind, int] = {}
     for s in smap.resident:
         kind = graph.node(s.node).placeholder_kind
         resident_by[kind] = resident_by.get(kind, 0) + smap.nbytes[s]
-    sizes = np.array([smap.nbytes[s] for s in storages], dtype=np.int64)
+    sizes = np.array([b for _, b in sized], dtype=np.int64)
     host = np.array([s in smap.host for s in storages], dtype=bool)
     return Tables(
         storages=_objects(storages),
