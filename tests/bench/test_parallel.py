@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from magis.bench.ablation import SETTINGS, AblationOptions, run_ablation
 from magis.bench.compare import run_compare, run_compare_cell
 from magis.bench.compare_cells import CompareCell
 from magis.bench.compare_report import CompareOptions, MicrobatchScope
@@ -112,3 +113,44 @@ def test_ray_gives_the_serial_rows(serial_rows, tmp_path):
     assert done[0].result.rows == tuple(r for r in serial_rows if r.method == "pytorch")
     failure = done[1].result
     assert isinstance(failure, CellFailure) and "unknown workload 'no-such'" in failure.reason
+
+
+class _InterruptedRunner:
+    """Ctrl-C right after the first cell finished."""
+
+    name = "interrupted"
+
+    def run(self, cells, fn):
+        for done in SerialRunner().run(cells, fn):
+            yield done
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_keeps_the_cells_that_finished(serial_rows, tmp_path):
+    report = run_compare(_options(tmp_path), runner=_InterruptedRunner())
+    assert report.interrupted and not report.workloads[0].complete
+    assert report.rows() == [r for r in serial_rows if r.method == "pytorch"]
+    csv_text = (tmp_path / "results.csv").read_text()
+    assert "pytorch" in csv_text and "xla-remat" not in csv_text
+    assert "Interrupted" in (tmp_path / "tables.md").read_text()
+
+
+def test_ablation_on_a_pool_keeps_the_serial_order_and_a_failed_search(tmp_path):
+    settings, constraints = SETTINGS[2:4], CONSTRAINTS[:1]
+    options = AblationOptions(TINY, "rtx3090", 1.0, tmp_path / "pool", settings, constraints)
+    report = run_ablation(options, runner=PoolRunner(2))
+    assert [c.setting for c in report.curves] == [s.name for s in settings]
+    assert not report.failures and (tmp_path / "pool" / "ablation.csv").exists()
+    options = AblationOptions(TINY, "rtx3090", 1.0, tmp_path / "failed", settings, constraints)
+    report = run_ablation(options, runner=_FailingRunner(fails=0))
+    assert [c.setting for c in report.curves] == [settings[1].name]
+    assert report.failures == [f"{settings[0].name} lat<=1.05: crashed: RuntimeError: worker lost"]
+    assert "worker lost" in (tmp_path / "failed" / "tables.md").read_text()
+
+
+def test_cli_ray_needs_an_address(tmp_path):
+    from magis.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "compare", TINY, "--ray", "--jobs", "2", "--out", str(tmp_path)])
+    assert exc.value.code == 2
