@@ -217,17 +217,27 @@ class Decision:
 
     @staticmethod
     def warm_start(
-        baseline: str, before: SimResult | Figures, after: SimResult | Figures
+        baseline: str,
+        before: SimResult | Figures,
+        after: SimResult | Figures,
+        initial: Graph | None = None,
+        warm: Graph | None = None,
     ) -> Decision:
         """Another method's program taken as a starting state: `before` is the search's own
-        initial state, `after` the baseline's program."""
+        initial state, `after` the baseline's program. Given both graphs, the nodes the
+        baseline's program adds (recomputations, Store/Load) and drops are named, by name."""
+        created, gone, modules = [], [], ()
+        if initial is not None and warm is not None:
+            created, gone = _new_nodes(initial, warm), _new_nodes(warm, initial)
+            modules = _modules(warm, created) + _modules(initial, gone)
         return Decision(
             baseline,
             DecisionKind.WARM_START,
-            f"start from {baseline}'s program",
-            (),
-            (),
-            (),
+            f"start from {baseline}'s program"
+            + (f" ({len(created)} nodes added, {len(gone)} dropped)" if created or gone else ""),
+            tuple(n.name for n in created),
+            tuple(n.name for n in gone),
+            tuple(dict.fromkeys(modules))[:MAX_MODULES],
             (),
             _figures(before),
             _figures(after),
@@ -309,6 +319,12 @@ def full_trail(
         warm = next((h for h in history if h.startswith("warm-start:")), "warm-start:unknown")
         rows.append(Decision.warm_start(warm.removeprefix("warm-start:"), initial, start))
     return (*rows, *decisions)
+
+
+def _new_nodes(old: Graph, new: Graph) -> list:
+    """The nodes of `new` whose names `old` does not have, in `new`'s program order."""
+    names = {old.node(n).name for n in old.program_order()}
+    return [new.node(n) for n in new.program_order() if new.node(n).name not in names]
 
 
 def _figures(value: SimResult | Figures) -> Figures:

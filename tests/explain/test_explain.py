@@ -171,3 +171,13 @@ def test_exports_write_a_trace_and_a_snapshot(optimized, tmp_path):
     assert [r["name"] for r in runs] == ["plan"]
     assert runs[0]["peak_bytes"] == Plan.load(path).summary.peak_bytes
     assert snapshot.stat().st_size > 0
+
+
+def test_a_warm_start_given_both_graphs_names_what_the_baseline_changed(optimized):
+    plan, _ = optimized
+    figures = Figures(1, 1.0, 1.0, 0.0)
+    d = Decision.warm_start("pofo", figures, figures, plan.step.graph, plan.graph)
+    captured = {plan.step.graph.node(n).name for n in plan.step.graph.program_order()}
+    final = {plan.graph.node(n).name for n in plan.graph.program_order()}
+    assert set(d.created) == final - captured and set(d.removed) == captured - final
+    assert d.created and d.modules and "nodes added" in d.description
