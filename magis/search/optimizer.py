@@ -212,12 +212,17 @@ class _Search:
         """Queue another method's program as a state (its rules' moves apply to it as to any
         state; re-analysis gives it an F-Tree when it is the best one popped)."""
         order = tuple(warm.order)
+        sim = self.evaluator.simulate(warm.graph, order)
+        start = Decision.warm_start(
+            warm.name, self.initial.sim, sim, self.initial.graph, warm.graph
+        )  # what `magis explain` shows of it
         state = MState(
             warm.graph,
             order,
-            self.evaluator.simulate(warm.graph, order),
+            sim,
             wl_hash(warm.graph),
             (f"warm-start:{warm.name}",),
+            decisions=(start,),
         )
         if not self.evaluator.is_new(state.hash.value):
             return

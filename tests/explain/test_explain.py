@@ -45,6 +45,8 @@ def test_rows_follow_the_trail_from_the_program_order(optimized):
     for a, b in zip(rows, rows[1:], strict=False):
         assert b.decision.before == a.decision.after
     assert rows[-1].decision.after.peak_bytes == plan.summary.peak_bytes
+    warm = [r.decision for r in rows if r.decision.kind is DecisionKind.WARM_START]
+    assert all(d.created or d.removed for d in warm)  # the search named what it started from
     # every move of the best state's history is a row, in the same order
     moves = [r.decision.rule for r in rows if r.decision.kind is not DecisionKind.REORDER]
     history = [h for h in plan.summary.history if not h.startswith("warm-start:")]
