@@ -157,11 +157,13 @@ def wl_hash_incremental(
         if n not in old_graph or graph.node(n) is not old_graph.node(n)
     }
     labels = [old.labels[0].updated({**gone, **relabel})]
-    frontier = dirty
+    frontier = ring = dirty
     for level in range(1, LEVELS + 1):
-        frontier = {
-            n for n in _neighbours(graph, frontier) | _neighbours(old_graph, frontier) if n in graph
-        }
+        # The frontier only grows (a node is its own neighbour): the neighbours of the nodes
+        # it had before are in it already, so only the last ring's are looked up.
+        grown = {n for n in _neighbours(graph, ring) | _neighbours(old_graph, ring) if n in graph}
+        ring = grown - frontier
+        frontier = frontier | grown
         prev = labels[-1]
         changes = {n: _level_up(graph, prev, n) for n in frontier}
         labels.append(old.labels[level].updated({**gone, **changes}))
