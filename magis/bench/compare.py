@@ -147,18 +147,29 @@ def _announcing(runner: CellRunner, started: Callable[[int], None]) -> CellRunne
 
 @dataclass
 class WorkloadMemo:
-    """One process's capture of a workload, and the baseline points computed on it there
+    """One process's capture of a workload (or why it failed: every cell of the workload fails
+    with that reason, without capturing again), and the baseline points computed on it there
     (micro-batching reuses POFO's when it runs in the same process)."""
 
-    context: Context
+    captured: Context | None
     outcomes: dict[str, list[Outcome]]
+    error: str = ""
+
+    @property
+    def context(self) -> Context:
+        if self.captured is None:
+            raise BenchError(self.error)
+        return self.captured
 
 
 @functools.lru_cache(maxsize=2)
 def workload_memo(workload: str, hardware: str) -> WorkloadMemo:
     """Per process: the cells of one workload run one after the other in a worker share one
     capture (two kept: a worker moving on to the next workload may still get a late cell)."""
-    return WorkloadMemo(capture_context(workload, hardware), {})
+    try:
+        return WorkloadMemo(capture_context(workload, hardware), {})
+    except Exception as exc:  # noqa: BLE001 - each of the workload's cells is a FAILURE row
+        return WorkloadMemo(None, {}, f"capture failed: {type(exc).__name__}: {exc}")
 
 
 def run_compare_cell(cell: CompareCell) -> CellResult:

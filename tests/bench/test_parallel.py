@@ -154,3 +154,24 @@ def test_cli_ray_needs_an_address(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "compare", TINY, "--ray", "--jobs", "2", "--out", str(tmp_path)])
     assert exc.value.code == 2
+
+
+def test_a_capture_that_fails_fails_each_cell_of_the_workload_once(monkeypatch):
+    from magis.bench import compare
+
+    calls = []
+
+    def broken(workload, hardware):
+        calls.append(workload)
+        raise RuntimeError("no model")
+
+    monkeypatch.setattr(compare, "capture_context", broken)
+    compare.workload_memo.cache_clear()
+    cells = [CompareCell("bert-base:tiny", "h", m) for m in BASELINES]
+    try:
+        done = list(run_cells(cells, run_compare_cell))
+    finally:
+        compare.workload_memo.cache_clear()
+    reasons = [f.result.reason for f in done]
+    assert reasons == ["crashed: BenchError: capture failed: RuntimeError: no model"] * 2
+    assert calls == ["bert-base:tiny"]
