@@ -55,6 +55,8 @@ def _cut(
     segment before or after, and a weight concatenation with no inputs would otherwise run
     before the first cut and be held to its far user. Segment masks in order."""
     _, cuts = cut_segments(clo, core)
+    if not cuts:  # one segment holds every unit: nothing to place (split tries many cores)
+        return [scope] if scope else []
     fixed = {c: k + 1 for k, c in enumerate(cuts)}  # a cut starts its segment
     nsegs = len(cuts) + 1
     floaters = [u for u in (clo.units[i] for i in bits(scope)) if u not in fixed]
