@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from magis.capture import Step
 from magis.errors import PlanError
 from magis.ir import Graph
 from magis.ir.serialize import graph_from_json, graph_to_json
+
+if TYPE_CHECKING:
+    from magis.explain import Explanation
 from magis.search.decisions import Decision, decisions_from_json
 
 PLAN_FORMAT = "magis.plan"
@@ -178,6 +181,13 @@ class Plan:
         program = compile_program(self.graph, self.order, _device_of(inputs))
         extra = self.step.program_inputs(inputs)[len(inputs) :] if self.step is not None else []
         return program(*inputs, *extra)
+
+    def explain(self) -> Explanation:
+        """One row per decision the search kept, with the bytes each took off the peak and
+        the time it added (`magis explain PLAN` prints it)."""
+        from magis.explain import explain  # the explain tables load only when asked
+
+        return explain(self)
 
     def report(self) -> str:
         s = self.summary

@@ -15,12 +15,11 @@ reached.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from magis.cost import get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.plan import Plan
 from magis.search.decisions import Decision
 from magis.sim import simulate
 
@@ -166,7 +165,16 @@ class Explanation:
         }
 
 
-def explain(plan: Plan) -> Explanation:
+class PlanLike(Protocol):
+    """What explain reads of a `magis.plan.Plan` (the plan layer sits above this one, so that
+    `Plan.explain()` can call down to it)."""
+
+    graph: Graph
+    order: list[int]
+    summary: Any  # PlanSummary
+
+
+def explain(plan: PlanLike) -> Explanation:
     """The explanation of `plan`: its rows from the trail its summary keeps, and, when its
     limit is not met, the tensors live at its peak."""
     s = plan.summary

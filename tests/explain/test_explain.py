@@ -183,3 +183,9 @@ def test_a_warm_start_given_both_graphs_names_what_the_baseline_changed(optimize
     final = {plan.graph.node(n).name for n in plan.graph.program_order()}
     assert set(d.created) == final - captured and set(d.removed) == captured - final
     assert d.created and d.modules and "nodes added" in d.description
+
+
+def test_plan_explain_is_the_explanation(tmp_path):
+    plan = find_plan(setup_workload_search("bert-base:tiny", lat_limit=1.10), max_states=5)
+    assert plan.explain() == explain(plan)
+    assert Plan.load(plan.save(tmp_path / "p.json")).explain().rows == plan.explain().rows
