@@ -597,7 +597,7 @@ def test_no_traceback_reaches_the_user(capsys, tmp_path, args):
 def test_a_bug_is_one_line_and_debug_shows_it(capsys, monkeypatch):
     from magis.commands import workloads as command
 
-    def broken():
+    def broken(*_args, **_kwargs):
         raise RuntimeError("a bug\nwith two lines")
 
     monkeypatch.setattr(command, "workloads", broken)
