@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,8 +30,18 @@ from rich.spinner import Spinner
 
 from magis.cli.exits import check_output_path, deferred_interrupt
 
+# Output that is not a terminal (a pipe, a CI log) has no width: rich assumes 80 columns, where
+# the wide tables (explain's, bench's) squeeze their text columns to "...". Logs take long
+# lines; COLUMNS still decides when it is set.
+PIPE_WIDTH = 160
+
+
+def _stdout_width() -> int | None:
+    return None if "COLUMNS" in os.environ or sys.stdout.isatty() else PIPE_WIDTH
+
+
 # no emoji codes: "model.py:factory: ..." is a path and a message, not ":factory:"
-console = Console(stderr=False, emoji=False)
+console = Console(stderr=False, emoji=False, width=_stdout_width())
 err_console = Console(stderr=True, emoji=False)
 
 PROGRESS_INTERVAL_ENV = "MAGIS_PROGRESS_INTERVAL"
