@@ -55,6 +55,7 @@ class MinCut:
 
     saved: frozenset[int]
     recomputed: frozenset[int]
+    backward: frozenset[int]  # the step's backward nodes (`forward_backward`), found once
 
 
 def _banned(graph: Graph, nid: int, variant: str) -> bool:
@@ -121,7 +122,7 @@ def min_cut(graph: Graph, variant: str = "runtime") -> MinCut | None:
     src_side = set(int(v) for v in flow.get_source_side_min_cut())
     saved = {n for n in fwd if index[n] in src_side and index[n] + 1 not in src_side}
     sink_side = {n for n in fwd if index[n] not in src_side}
-    return MinCut(frozenset(saved), _needed(graph, sink_side, backward))
+    return MinCut(frozenset(saved), _needed(graph, sink_side, backward), frozenset(backward))
 
 
 def _needed(graph: Graph, sink_side: set[int], backward) -> frozenset[int]:
@@ -140,7 +141,6 @@ def _needed(graph: Graph, sink_side: set[int], backward) -> frozenset[int]:
 def recompute_events(graph: Graph, cut: MinCut) -> list[int]:
     """The program order with each recomputed value run again right before its first backward
     reader (after the recomputed values it reads)."""
-    _, backward, _ = forward_backward(graph)
     done: set[int] = set()
     events: list[int] = []
 
@@ -154,7 +154,7 @@ def recompute_events(graph: Graph, cut: MinCut) -> list[int]:
         events.append(n)
 
     for n in graph.program_order():
-        if n in backward:
+        if n in cut.backward:
             for p in graph.predecessors(n):
                 if p in cut.recomputed:
                     rerun(p)

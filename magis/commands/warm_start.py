@@ -40,6 +40,7 @@ def best_point(points: Iterable[Outcome], objective: Objective) -> BaselinePoint
     latency limit the first point within it is the least memory any later one could beat
     only by breaking it, and under a memory limit the first point above it ends the useful
     ones; the scan stops there (a sweep of 20 budgets on 6,800 nodes is seconds a point)."""
+    latency_mode = objective.mode is Mode.LATENCY_LIMIT
     best = None
     for p in points:
         if not isinstance(p, BaselinePoint) or p.repeats != 1 or p.extra_bytes != 0:
@@ -47,7 +48,6 @@ def best_point(points: Iterable[Outcome], objective: Objective) -> BaselinePoint
         met = objective.satisfied(p)  # BaselinePoint has memory and latency, as a state
         if best is None or objective.key(p) < objective.key(best):
             best = p
-        latency_mode = objective.mode is Mode.LATENCY_LIMIT
         if (latency_mode and met) or (not latency_mode and not met and best is not p):
             break
     return best
