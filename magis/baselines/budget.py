@@ -17,13 +17,13 @@ a storage drops every alias of it, and a view read later is re-made (for free) f
 recomputed base. Never evicted: placeholders (weights, optimizer state, data), graph outputs,
 outputs of random ops (a second draw would differ: fusion-aware-checkpointing §3.4), of ops that
 mutate or write into a placeholder (`magis.rules.remat.recomputable`; a training-mode batch
-norm is recomputed without its running statistics: `remat_call`), and storages read after
+norm is recomputed without its running statistics: `recompute_call`), and storages read after
 an in-place update of a weight they are computed from (our SGD updates run inside the backward
 pass; recomputing them would read the new value). A storage that cannot be recomputed is kept
 past its last read while a storage made from it is evicted, or is smaller than those that could
 be; otherwise, once it is freed, those become unevictable too.
 
-The ops run form an execution trace; `magis.baselines.trace.trace_graph` turns it into the real
+The ops run form an execution trace; `magis.rules.recompute_trace.trace_graph` turns it into the real
 program whose simulation gives a point's figures. The run's own count of live bytes at every step
 is an upper bound of what the simulator finds (an evicted storage is dead from its last reader
 on, before the eviction), so a run that succeeds has a simulated peak within the budget;
@@ -39,10 +39,11 @@ from typing import Protocol
 import numpy as np
 
 from magis.baselines.base import Failure, Outcome, point
-from magis.baselines.trace import remat_call, trace_graph
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph, Ref
+from magis.rules import recompute_call
+from magis.rules.recompute_trace import trace_graph
 from magis.sim import simulate
 
 DEFAULT_RATIOS = tuple(float(r) for r in np.round(np.linspace(0.05, 1.0, 20), 4))
@@ -137,13 +138,13 @@ def _node_storages(graph: Graph, value_storage: dict[Ref, int]):
 
 def _evictable(graph: Graph, storages: tuple[Ref, ...], smap) -> np.ndarray:
     """A storage may be dropped when its producer can run again without changing anything:
-    `remat_call` has a call for it, and none of its outputs is a graph output (a re-run would replace it)."""
+    `recompute_call` has a call for it, and none of its outputs is a graph output (a re-run would replace it)."""
     ok = np.zeros(len(storages), dtype=bool)
     for i, s in enumerate(storages):
         node = graph.node(s.node)
         outs = [smap.base[Ref(s.node, k)] for k in range(len(node.outputs))]
         ok[i] = (
-            remat_call(graph, s.node) is not None
+            recompute_call(graph, s.node) is not None
             and not any(o in smap.outputs for o in outs)
             and smap.nbytes[s] > 0
         )

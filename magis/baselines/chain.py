@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-import rustworkx as rx
 
+from magis.analyze.forward_backward import forward_backward
 from magis.cost import CostModel
-from magis.ir import Graph, PlaceholderKind, Ref
+from magis.ir import Graph, Ref
 from magis.ir.graph import map_refs
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.rules import recompute_call
@@ -146,39 +146,6 @@ class Chain:
 
 
 # --- finding the chain ----------------------------------------------------------------------
-
-
-def forward_backward(graph: Graph) -> tuple[list[int], frozenset[int], tuple[int, ...]]:
-    """(forward ops in program order, backward nodes, forward-side aliases).
-
-    The forward is the ancestors of the loss (the step's first output). The backward is what
-    the weight update (in-place writes into weights and optimizer state) or the other outputs
-    (gradients, in a step without optimizer) depend on, outside the forward: not the running
-    statistics updates, which read forward values but run with the forward.
-    """
-    if not graph.outputs:
-        return [], frozenset(), ()
-    loss = graph.outputs[0].node
-    anc = {graph.dag[i] for i in rx.ancestors(graph.dag, graph.rx_index(loss))} | {loss}
-    fwd = [n for n in graph.program_order() if n in anc and not graph.node(n).is_placeholder]
-    trained = (PlaceholderKind.WEIGHT, PlaceholderKind.OPT_STATE)
-    sinks = [r.node for r in graph.outputs[1:]] + [
-        n.id
-        for n in graph.nodes.values()
-        if n.writes_into is not None and graph.node(n.writes_into.node).placeholder_kind in trained
-    ]
-    seen = set(sinks)
-    stack = list(sinks)
-    while stack:
-        for p in graph.predecessors(stack.pop()):
-            if p not in seen and p not in anc:
-                seen.add(p)
-                stack.append(p)
-    backward = [n for n in graph.program_order() if n in seen and not graph.node(n).is_placeholder]
-    # Autograd's detach()es of saved tensors are traced where the forward ran them: they are
-    # forward-side aliases (their storage is the forward's), not backward readers.
-    start = next((i for i, n in enumerate(backward) if not graph.info(n).is_view), len(backward))
-    return fwd, frozenset(backward[start:]), tuple(backward[:start])
 
 
 @dataclass(frozen=True)

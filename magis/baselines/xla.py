@@ -27,7 +27,7 @@ versions, one shared copy at the first remaining use in current ones; we do the 
 
 The walk, the storage (not tensor) bookkeeping, the rule against recomputing random ops, and the
 turning of the executed trace into a real program are shared with DTR (`magis.baselines.budget`,
-`magis.baselines.trace`). Where XLA would extend the live range of a dead operand, we do so only
+`magis.rules.recompute_trace`). Where XLA would extend the live range of a dead operand, we do so only
 if every step already walked still fits the budget with it, so that a run that succeeds has a
 simulated peak within its budget (XLA itself can overshoot there); a clone whose operand was
 dropped meanwhile recomputes it recursively, as DTR does. When no candidate helps, XLA gives up

@@ -35,6 +35,7 @@ from magis.rules import (
     DECOMPACT,
     DEREMAT,
     DESWAP,
+    MINCUT_REMAT,
     REMAT,
     SWAP,
     TASO_RULES,
@@ -64,7 +65,7 @@ DUAL_KINDS |= {v: k for k, v in DUAL_KINDS.items()} | {"taso": "taso"}
 
 def all_rules() -> tuple[Rule, ...]:
     """Every rewrite rule the search applies, each with its dual."""
-    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT)
+    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
 
 
 def all_kinds() -> frozenset[str]:

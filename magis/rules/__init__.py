@@ -1,6 +1,7 @@
 """Graph rewrite rules (MAGIS §5): TASO's substitutions, the M-Rules of §5.2
-(re-materialization, swapping, compaction and their duals), F-Trans as a rewrite and the F-Tree
-mutations of §5.1.
+(re-materialization, swapping, compaction and their duals), the fusion-aware min cut of He & Yu
+(MLSys 2023) as one re-materialization rewrite, F-Trans as a rewrite and the F-Tree mutations
+of §5.1.
 
 Every graph rewrite rule follows one contract (base.py): a `Rule` whose `match` yields lazy
 `Rewrite`s, each building a `Rewritten` only when asked.
@@ -32,6 +33,7 @@ from magis.rules.ftree_moves import (
     enable_directly,
     mutations,
 )
+from magis.rules.mincut_remat import MINCUT_REMAT
 from magis.rules.remat import DEREMAT, REMAT, recompute_call
 from magis.rules.swap import DESWAP, SWAP
 from magis.rules.taso import TASO_RULES
@@ -42,6 +44,7 @@ __all__ = [
     "DEREMAT",
     "DESWAP",
     "FTREE_MUTATIONS",
+    "MINCUT_REMAT",
     "REMAT",
     "SWAP",
     "TASO_RULES",

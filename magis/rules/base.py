@@ -77,6 +77,9 @@ class Rewritten:
     # Or, for a rewrite that replaces nodes by others (an op split in two, or two merged):
     # (old nodes, new nodes) pairs, the new nodes in this order where the first of the old ran.
     in_place_of: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # Or the new graph's whole order, for a rewrite that places many nodes at many places
+    # (the min cut's recomputations, each before its first backward reader: mincut_remat.py).
+    order: tuple[int, ...] | None = None
 
     @property
     def touched(self) -> frozenset[int]:

@@ -1,11 +1,12 @@
 """A rewritten graph's schedule, from its parent's (MAGIS Alg. 2 and the rules' placement hints).
 
-Three kinds of rewrite need no re-solving, and Alg. 2 would cost a sub-problem rebuild per state
+Four kinds of rewrite need no re-solving, and Alg. 2 would cost a sub-problem rebuild per state
 for an answer already known: one that only removes nodes (the duals: a merged copy's readers read
 an earlier value, so the old order minus the removed nodes stays valid), one that knows where its
-nodes belong (re-materialization and swapping: right before the first late reader), and one that
-replaces nodes by others in their place (an op split in two, or two merged). Everything else is
-re-ordered by incremental scheduling around the nodes the rewrite touched. The search's final
+nodes belong (re-materialization and swapping: right before the first late reader), one that
+replaces nodes by others in their place (an op split in two, or two merged), and one that gives
+the whole order (the min cut's recomputations, placed as its trace runs them). Everything else
+is re-ordered by incremental scheduling around the nodes the rewrite touched. The search's final
 best is re-ordered in full (`Evaluator.polish`).
 """
 
@@ -45,6 +46,9 @@ def _touched_old_nodes(old: Graph, result: Rewritten) -> set[int]:
 
 def order_without_solving(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
     """The order the rewrite's own hint gives, or None when it has none or it is not valid."""
+    if result.order is not None:
+        order = list(result.order)
+        return order if result.graph.is_valid_schedule(order) else None
     if result.anchor is not None:
         return _place_at_anchor(old_order, result)
     if result.in_place_of:

@@ -7,13 +7,13 @@ from torch import nn
 
 from magis.baselines import BaselinePoint, Failure, get_baseline
 from magis.baselines.dtr import DTROptions, dtr_points
-from magis.baselines.trace import trace_graph
 from magis.baselines.xla import XLAOptions, xla_points
 from magis.capture import training_step
 from magis.capture.steps import workload_step
 from magis.commands.run import run_step
 from magis.cost import get_cost_model
 from magis.ir import Ref
+from magis.rules.recompute_trace import trace_graph
 from magis.sim import simulate
 
 METHODS = {

@@ -1,4 +1,5 @@
-"""An execution trace with recomputations, turned into a real program (DTR and XLA baselines).
+"""An execution trace with recomputations, turned into a real program (DTR and XLA baselines,
+fusion-aware min-cut re-materialization: `rules/mincut_remat.py`).
 
 Dynamic re-materialization (Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021) and
 XLA's HloRematerialization pass both produce the same thing: the sequence of ops a device runs,
@@ -16,14 +17,14 @@ from collections.abc import Sequence
 
 from magis.ir import Graph, Ref
 from magis.ir.graph import map_refs
-from magis.rules import recompute_call
+from magis.rules.remat import recompute_call
 
 
-def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
+def trace_graph(graph: Graph, events: Sequence[int], tag: str = "remat") -> tuple[Graph, list[int]]:
     """The program that runs `events` (node ids of `graph`, in execution order; a repeated id is a
     recomputation), and its order.
 
-    Nodes keep their ids; the k-th recomputation of node `x` is a new node named `x_remat{k}`.
+    Nodes keep their ids; the k-th recomputation of node `x` is a new node named `x_{tag}{k}`.
     Every node of `graph` must occur at least once.
     """
     g = graph.copy()
@@ -33,7 +34,7 @@ def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
     for nid in events:
         if nid in latest:
             copies[nid] = copies.get(nid, 0) + 1
-            new = _clone(g, graph, nid, latest, copies[nid])
+            new = _clone(g, graph, nid, latest, f"{tag}{copies[nid]}")
         else:
             new = nid
             _rebind(g, graph, nid, latest)
@@ -45,24 +46,21 @@ def trace_graph(graph: Graph, events: Sequence[int]) -> tuple[Graph, list[int]]:
     return g, order
 
 
-# How a node is recomputed (batch norms without their running statistics) is the rule's
-# business: DTR and XLA recompute exactly what MAGIS's re-materialization would.
-remat_call = recompute_call
-
-
 def _moved(latest: dict[int, int]):
     return lambda r: Ref(latest.get(r.node, r.node), r.index)
 
 
-def _clone(g: Graph, graph: Graph, nid: int, latest: dict[int, int], k: int) -> int:
+def _clone(g: Graph, graph: Graph, nid: int, latest: dict[int, int], suffix: str) -> int:
+    """A recomputation of `nid` (as re-materialization makes one: batch norms without their
+    running statistics, `recompute_call`) reading the latest copies of its inputs."""
     node = graph.node(nid)
-    call = remat_call(graph, nid)
+    call = recompute_call(graph, nid)
     if call is None:
         raise ValueError(f"the trace recomputes {node.name}, which cannot be recomputed")
     move = _moved(latest)
     args = map_refs(call[0], move)
     kwargs = {key: map_refs(v, move) for key, v in call[1].items()}
-    return g.add_op(f"{node.name}_remat{k}", node.op, args, kwargs, node.outputs)
+    return g.add_op(f"{node.name}_{suffix}", node.op, args, kwargs, node.outputs)
 
 
 def _rebind(g: Graph, graph: Graph, nid: int, latest: dict[int, int]) -> None:
