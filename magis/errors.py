@@ -2,8 +2,15 @@
 
 Every error magis raises on bad input is a `MagisError` subclass whose message is one line saying
 what is wrong and what to do. The CLI prints that line and exits non-zero; `--debug` shows the
-traceback.
+traceback. Ctrl-C is never an error: `deferred_interrupt` keeps it from cutting a write (or an
+exchange with a worker process) in half.
 """
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class MagisError(Exception):
@@ -46,3 +53,30 @@ class UnknownHardwareError(MagisError, KeyError):
 
 class MagisWarning(UserWarning):
     """Something degraded but the work goes on (a rebuilt cache, an opaque op)."""
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Ctrl-C waits until the block is done, then interrupts: a file being written (a plan, a
+    report) or a message to a worker is never cut in half. Only in the main thread (signals go
+    there)."""
+    pending: list[object] = []
+
+    def remember(signum, frame) -> None:
+        pending.append(signum)
+
+    try:
+        previous = signal.signal(signal.SIGINT, remember)
+    except ValueError:  # not the main thread: nothing can be deferred
+        yield
+        return
+    if previous is signal.SIG_IGN:  # a process told to ignore Ctrl-C keeps ignoring it
+        signal.signal(signal.SIGINT, previous)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if pending:
+        raise KeyboardInterrupt

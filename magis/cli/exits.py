@@ -19,8 +19,7 @@ import enum
 import os
 from pathlib import Path
 
-from magis.commands.shared import deferred_interrupt
-from magis.errors import LimitError, MagisError
+from magis.errors import LimitError, MagisError, deferred_interrupt
 
 __all__ = [
     "ExitCode",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,13 +28,12 @@ from magis.commands.limits import (
 from magis.commands.shared import (
     Progress,
     cost_model,
-    deferred_interrupt,
     prepare_cost,
     silent,
 )
 from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
-from magis.errors import MagisError
+from magis.errors import MagisError, deferred_interrupt
 from magis.plan import Plan, PlanSummary, check_plan_graph
 from magis.search import (
     Improvement,
@@ -45,6 +44,7 @@ from magis.search import (
     SearchResult,
     optimize_graph,
     simulate_state,
+    start_search_workers,
 )
 from magis.search.decisions import full_trail
 from magis.sim import SimResult
@@ -161,12 +161,27 @@ def find_plan(
         with deferred_interrupt():  # a Ctrl-C now waits until the plan is handed over
             before_polish(plan_from_search(result, setup, time.perf_counter() - start))
 
+    options = SearchOptions(
+        time_budget=time_budget,
+        max_states=max_states,
+        memory_figure=setup.figure,
+        workers=workers,
+        ray=ray,
+        seed=seed,
+    )
+    # workers boot (import torch, unpickle the cost model) while the peers run
+    started = start_search_workers(setup.cost, options) if workers > 1 else None
     warm = []
-    if warm_start:
-        share = None if max_states is not None else time_budget * WARM_START_SHARE
-        warm = baseline_warm_starts(
-            setup.step.graph, setup.cost, setup.objective, share, progress=progress
-        )
+    try:
+        if warm_start:
+            share = None if max_states is not None else time_budget * WARM_START_SHARE
+            warm = baseline_warm_starts(
+                setup.step.graph, setup.cost, setup.objective, share, progress=progress
+            )
+    except BaseException:
+        if started is not None:  # from here on, optimize_graph stops them
+            started.close()
+        raise
     # the search keeps its share even when a peer overran the warm start's
     left = max(time_budget - (time.perf_counter() - start), time_budget * (1 - WARM_START_SHARE))
     progress("searching")
@@ -174,17 +189,11 @@ def find_plan(
         setup.step.graph,
         setup.cost,
         setup.objective,
-        SearchOptions(
-            time_budget=left,
-            max_states=max_states,
-            memory_figure=setup.figure,
-            workers=workers,
-            ray=ray,
-            seed=seed,
-        ),
+        replace(options, time_budget=left),
         on_improvement,
         hand_over if before_polish is not None else None,
         warm,
+        started,
     )
     return plan_from_search(result, setup, wall_seconds=time.perf_counter() - start)
 

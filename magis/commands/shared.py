@@ -4,9 +4,7 @@ and the deferral of Ctrl-C while a result is being handed over or written."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -98,29 +96,3 @@ def verify_and_measure(
     program_inputs = step.program_inputs(inputs)
     measured = measure(program, program_inputs, repeats=repeats, seed=seed)
     return Execution(dtype, tol, check, measured, program_inputs)
-
-
-@contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Ctrl-C waits until the block is done, then interrupts: a file being written (a plan, a
-    report) is never lost to a second Ctrl-C. Only in the main thread (signals go there)."""
-    pending: list[object] = []
-
-    def remember(signum, frame) -> None:
-        pending.append(signum)
-
-    try:
-        previous = signal.signal(signal.SIGINT, remember)
-    except ValueError:  # not the main thread: nothing can be deferred
-        yield
-        return
-    if previous is signal.SIG_IGN:  # a process told to ignore Ctrl-C keeps ignoring it
-        signal.signal(signal.SIGINT, previous)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if pending:
-        raise KeyboardInterrupt

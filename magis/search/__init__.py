@@ -9,6 +9,7 @@ from magis.search.optimizer import (
     default_rules,
     initial_state,
     optimize_graph,
+    start_search_workers,
 )
 from magis.search.options import MemoryFigure, SearchOptions
 from magis.search.state import Mode, MState, Objective
@@ -28,5 +29,6 @@ __all__ = [
     "default_rules",
     "initial_state",
     "optimize_graph",
+    "start_search_workers",
     "simulate_state",
 ]

@@ -11,8 +11,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from magis.ir import Graph
-
 POLISH_SHARE = 0.25  # at most this share of the budget goes to the final full re-ordering
 
 
@@ -29,14 +27,14 @@ class PolishCost:
     initial_nodes: int
     budget: float
 
-    def estimate(self, graph: Graph) -> float:
-        return self.initial_seconds * (len(graph) / max(self.initial_nodes, 1)) ** 2
+    def estimate(self, nodes: int) -> float:
+        return self.initial_seconds * (nodes / max(self.initial_nodes, 1)) ** 2
 
-    def affordable(self, graph: Graph) -> bool:
-        return self.estimate(graph) <= POLISH_SHARE * self.budget
+    def affordable(self, nodes: int) -> bool:
+        return self.estimate(nodes) <= POLISH_SHARE * self.budget
 
-    def reserve(self, graph: Graph) -> float:
-        return self.estimate(graph) if self.affordable(graph) else 0.0
+    def reserve(self, nodes: int) -> float:
+        return self.estimate(nodes) if self.affordable(nodes) else 0.0
 
 
 @dataclass
@@ -51,11 +49,11 @@ class Budget:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def exhausted(self, states: int, best: Graph) -> bool:
+    def exhausted(self, states: int, best_nodes: int) -> bool:
         if self.max_states is not None:
             return states >= self.max_states or self.elapsed() >= self.seconds
         # the final re-ordering of the best runs within the budget, not after it
-        reserve = self.polish.reserve(best) if self.polish is not None else 0.0
+        reserve = self.polish.reserve(best_nodes) if self.polish is not None else 0.0
         return self.elapsed() >= self.seconds - reserve
 
     def progress(self, states: int) -> float:

@@ -114,27 +114,45 @@ class Reanalysis:
     def lineage(
         self, graph: Graph, order, hotspots, frozen, elapsed: float, left: float = math.inf
     ) -> Lineage | None:
-        """A new lineage for the state (graph, order), or None when none is due or found.
-        An analysis expected to overrun its share, or the `left` seconds of the budget, is
-        not started: a 16-way split gpt-neo-1.3b graph (63k nodes) takes a minute and more."""
-        key = frozenset(h.storage for h in hotspots)
-        expected = self.seconds_per_node2 * len(graph) ** 2
+        """A new lineage for the state (graph, order), or None when none is due or found."""
+        if not self.due(hotspot_key(hotspots), len(graph), elapsed, left):
+            return None
+        found, took = analyze_timed(graph, order, self.max_level)
+        epoch = self.account(found is not None, took, len(graph))
+        return None if found is None else Lineage(*found, epoch, frozen)
+
+    def due(self, key: frozenset, nodes: int, elapsed: float, left: float = math.inf) -> bool:
+        """Whether a state of `nodes` nodes whose hot-spots are `key` is analysed now (the
+        key is then remembered). An analysis expected to overrun its share, or the `left`
+        seconds of the budget, is not started: a 16-way split gpt-neo-1.3b graph (63k nodes)
+        takes a minute and more."""
+        expected = self.seconds_per_node2 * nodes**2
         over_share = self.spent + expected > self.share * elapsed
         if key in self.analysed or over_share or expected > left:
-            return None
+            return False
         self.analysed.add(key)
-        start = time.perf_counter()
-        try:
-            found = analyze(graph, list(order), self.max_level, reanalysis=True)
-        finally:
-            took = time.perf_counter() - start
-            self.spent += took
-            self.seconds_per_node2 = max(self.seconds_per_node2, took / len(graph) ** 2)
-        if found is None:
-            return None
-        self.epochs += 1
-        base, base_order, tree = found
-        return Lineage(base, base_order, tree, self.epochs, frozen)
+        return True
+
+    def account(self, found: bool, took: float, nodes: int) -> int:
+        """Count an analysis that took `took` seconds on `nodes` nodes (wherever it ran); the
+        epoch of the lineage it found."""
+        self.spent += took
+        self.seconds_per_node2 = max(self.seconds_per_node2, took / nodes**2)
+        if found:
+            self.epochs += 1
+        return self.epochs
+
+
+def hotspot_key(hotspots) -> frozenset:
+    """What identifies a set of hot-spots to the re-analysis: their storages."""
+    return frozenset(h.storage for h in hotspots)
+
+
+def analyze_timed(graph: Graph, order, max_level: int):
+    """`analyze` of a re-analysis, with the seconds it took."""
+    start = time.perf_counter()
+    found = analyze(graph, list(order), max_level, reanalysis=True)
+    return found, time.perf_counter() - start
 
 
 _RULE_RANK = {"enable": 0, "mutate": 1, "lift": 2, "disable": 3}

@@ -23,6 +23,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from magis.cost import CostModel
 from magis.ir import Graph
@@ -31,7 +32,6 @@ from magis.rules import (
     DECOMPACT,
     DEREMAT,
     DESWAP,
-    MINCUT_REMAT,
     REMAT,
     SWAP,
     TASO_RULES,
@@ -51,7 +51,7 @@ from magis.search.state import MState, Objective
 
 def default_rules() -> tuple[Rule, ...]:
     """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules."""
-    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
+    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT)
 
 
 def search_rules(options: SearchOptions) -> tuple[Rule, ...]:
@@ -96,6 +96,12 @@ class SearchResult:
         return self.objective.satisfied(self.best)
 
 
+def start_search_workers(cost: CostModel, options: SearchOptions) -> Any:
+    """The `options.workers` worker processes (or Ray actors) of a search with these options
+    (`magis.search.parallel`), booting from now on; hand them to `optimize_graph`."""
+    return parallel.start_workers((cost, options, search_rules(options)), options)
+
+
 def initial_state(
     graph: Graph,
     cost: CostModel,
@@ -128,6 +134,7 @@ def optimize_graph(
     on_improvement: Callable[[Improvement], None] | None = None,
     before_polish: Callable[[SearchResult], None] | None = None,
     warm_starts: Sequence[WarmStart] = (),
+    workers: Any = None,
 ) -> SearchResult:
     """Alg. 3 on `graph` under `objective`, within `options.time_budget` seconds (or
     `options.max_states` states). Ctrl-C ends it early with the best state so far.
@@ -136,18 +143,28 @@ def optimize_graph(
     initial state; the best of them is the best state to beat from the start.
 
     `before_polish` is handed the result as it stands before the final re-ordering (which a
-    second Ctrl-C may interrupt): a caller saves it there so that nothing is lost."""
+    second Ctrl-C may interrupt): a caller saves it there so that nothing is lost.
+
+    `workers`: the worker processes of `options.workers` > 1, when the caller started them
+    early (`start_search_workers`, so that they boot while it does other work); else they
+    are started here."""
     options = options if options is not None else SearchOptions()
-    search = _Search.start(graph, cost, objective, options, on_improvement)
-    for warm in warm_starts:
-        search.add_warm_start(warm)
-    interrupted = False
+    if workers is None and options.workers > 1:
+        workers = start_search_workers(cost, options)
+    search = _Search.start(graph, cost, objective, options, on_improvement, workers)
     try:
-        while search.queue and not search.out_of_budget():
-            search.expand(*search.queue.pop())
-    except KeyboardInterrupt:
-        interrupted = True
-    return search.finish(interrupted, before_polish)
+        for warm in warm_starts:
+            search.add_warm_start(warm)
+        interrupted = False
+        try:
+            while search.queue and not search.out_of_budget():
+                search.expand(*search.queue.pop())
+        except KeyboardInterrupt:
+            interrupted = True
+        return search.finish(interrupted, before_polish)
+    finally:
+        if search.workers is not None:
+            search.workers.close()
 
 
 @dataclass
@@ -166,9 +183,11 @@ class _Search:
     reanalysis: fission_moves.Reanalysis
     on_improvement: Callable[[Improvement], None] | None
     improvements: list[Improvement] = field(default_factory=list)
+    workers: Any = None  # `parallel.start_workers`, when options.workers > 1
+    pool: Any = None  # `parallel.ParallelChildren` over them, from the first expansion
 
     @staticmethod
-    def start(graph, cost, objective, options, on_improvement) -> _Search:
+    def start(graph, cost, objective, options, on_improvement, workers) -> _Search:
         budget = Budget(options.time_budget, options.max_states)
         dp_start = time.perf_counter()
         dp_order = schedule(graph, "dp").order
@@ -203,6 +222,7 @@ class _Search:
             fission_moves.Reanalysis(options.max_level, per_node2),
             on_improvement,
             [Improvement(0.0, init.memory, init.latency, "initial")],
+            workers,
         )
 
     @property
@@ -234,7 +254,7 @@ class _Search:
             self._improvement(f"warm-start:{warm.name}")
 
     def out_of_budget(self) -> bool:
-        return self.budget.exhausted(self.stats.states_explored, self.best.graph)
+        return self.budget.exhausted(self.stats.states_explored, self.best.nodes)
 
     def expand(self, state: MState, moves) -> None:
         """Evaluate a few of a popped state's children (partial expansion), then put it back
@@ -307,7 +327,7 @@ class _Search:
     def finish(self, interrupted: bool, before_polish=None) -> SearchResult:
         """The best state after one full re-ordering (kept if better, and if affordable), with
         the detailed simulation reports read (the peak's breakdown by category)."""
-        best = self.best
+        best = self.best = parallel.whole(self, self.best)
         if before_polish is not None:
             before_polish(
                 SearchResult(
@@ -321,7 +341,7 @@ class _Search:
                 )
             )
         polished = (
-            self.evaluator.polish(best) if self.budget.polish.affordable(best.graph) else best
+            self.evaluator.polish(best) if self.budget.polish.affordable(best.nodes) else best
         )
         if self.objective.better(polished, best):
             reorder = Decision.reorder("reschedule", best.sim, polished.sim)

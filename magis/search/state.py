@@ -43,6 +43,14 @@ class MState:
     def latency(self) -> float:
         return self.sim.latency_s
 
+    @property
+    def nodes(self) -> int:
+        return len(self.graph)
+
+    @property
+    def in_lineage(self) -> bool:
+        return self.fission is not None
+
 
 @dataclass(frozen=True)
 class Objective:

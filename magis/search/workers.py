@@ -18,7 +18,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -26,6 +26,7 @@ from magis.errors import MagisError
 from magis.ir import DEFAULT_REGISTRY, DerivedKey
 from magis.rules import Rule, RuleContext
 from magis.search.evaluator import Evaluator
+from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
 from magis.search.hashing import GraphHash
 from magis.search.state import MState
 
@@ -140,6 +141,8 @@ class Summary:
     latency: float
     hash: GraphHash
     history: tuple[str, ...]
+    nodes: int  # the graph's size (what the final re-ordering will cost)
+    in_lineage: bool  # whether its F-Tree moves continue a lineage (`MState.fission`)
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,10 @@ class ChildWorker:
             self.count += 1
             sid = (self.wid, self.count)
             self.states[sid] = child
-            summary = Summary(sid, child.memory, child.latency, child.hash, child.history)
+            summary = Summary(
+                sid, child.memory, child.latency, child.hash, child.history, child.nodes,
+                child.in_lineage,
+            )  # fmt: skip
         spent = {k: v - before[k] for k, v in ev.stats.breakdown.items()}
         return Outcome(
             task.index,
@@ -264,6 +270,21 @@ class ChildWorker:
 
     def state(self, sid: Sid) -> bytes:
         return dumps(self.states[sid])
+
+    def hotspot_key(self, sid: Sid) -> frozenset:
+        return hotspot_key(self.states[sid].sim.hotspots)
+
+    def reanalyse(self, job: tuple[Sid, int, int]) -> tuple[bool, float]:
+        """The re-analysis of a popped best state (`_Search._reanalysed`), where it lives;
+        the main process has decided it is due. (a lineage was found, seconds it took)."""
+        sid, max_level, epoch = job
+        state = self.states[sid]
+        found, took = analyze_timed(state.graph, state.order, max_level)
+        if found is not None:
+            lineage = Lineage(*found, epoch, state.frozen)
+            self.states[sid] = replace(state, fission=lineage)
+            self.streams.pop(sid, None)
+        return found is not None, took
 
 
 def _serve(conn: Connection, wid: int, setup: bytes) -> None:

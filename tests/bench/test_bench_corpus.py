@@ -62,7 +62,9 @@ def test_csv_table_and_figure_are_written(cli_run):
     table = (out / "table.md").read_text()
     assert "| corpus:gpt2:tiny |" in table and "best baseline lat<=1.1" in table
     # the table printed (its title: a narrow console wraps it, and its headers, at spaces)
-    assert "memory ratio under lat<=1.1, latency overhead under mem<=0.4" in " ".join(output.split())
+    assert "memory ratio under lat<=1.1, latency overhead under mem<=0.4" in " ".join(
+        output.split()
+    )
     assert json.loads((out / "results.json").read_text()) == data
 
 

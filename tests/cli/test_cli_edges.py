@@ -638,7 +638,7 @@ def test_installed_typer_is_in_the_pinned_range():
 
 
 def test_deferred_interrupt_holds_ctrl_c_until_the_block_is_done():
-    from magis.commands.shared import deferred_interrupt
+    from magis.errors import deferred_interrupt
 
     handler, done = signal.getsignal(signal.SIGINT), []
     with pytest.raises(KeyboardInterrupt), deferred_interrupt():

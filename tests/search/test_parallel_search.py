@@ -66,3 +66,28 @@ def test_ray_actors_record_what_one_worker_records():
     finally:
         ray.shutdown()
     assert _trace(on_ray) == _trace(serial)
+
+
+def test_a_worker_reanalyses_the_state_it_holds_as_the_main_process_would():
+    """The re-analysis of a popped best state runs in its worker (`ChildWorker.reanalyse`):
+    the same F-Tree as `Reanalysis.lineage` builds in the serial search, at the epoch the
+    main process hands it."""
+    from magis.search import initial_state
+    from magis.search.fission_moves import Reanalysis, hotspot_key
+    from magis.search.workers import ChildWorker, Task, dumps
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    state = initial_state(graph, cost, fission=False)
+    options = SearchOptions(time_budget=600, max_states=MAX_STATES)
+    worker = ChildWorker(0, dumps((cost, options, ())))
+    worker.evaluate(Task((-1, 1), 0, dumps(state), (), (), ()))  # a state with no moves
+    assert worker.hotspot_key((-1, 1)) == hotspot_key(state.sim.hotspots)
+
+    found, seconds = worker.reanalyse(((-1, 1), 4, 7))
+    serial = Reanalysis(4, 0.0).lineage(
+        state.graph, state.order, state.sim.hotspots, state.frozen, elapsed=1e9
+    )
+    assert found and seconds > 0 and serial is not None
+    lineage = worker.states[(-1, 1)].fission
+    assert lineage.epoch == 7 and lineage.base_order == serial.base_order
+    assert len(lineage.tree) == len(serial.tree)

@@ -5,4 +5,12 @@ from magis.capture.models.densenet import DenseNet, DenseNetConfig
 from magis.capture.models.unet import UNet
 from magis.capture.models.unetpp import UNetPlusPlus
 
-__all__ = ["BTLM", "BTLMConfig", "DenseNet", "DenseNetConfig", "UNet", "UNetPlusPlus", "alibi_slopes"]
+__all__ = [
+    "BTLM",
+    "BTLMConfig",
+    "DenseNet",
+    "DenseNetConfig",
+    "UNet",
+    "UNetPlusPlus",
+    "alibi_slopes",
+]
