@@ -32,6 +32,7 @@ from magis.rules import (
     DECOMPACT,
     DEREMAT,
     DESWAP,
+    MINCUT_REMAT,
     REMAT,
     SWAP,
     TASO_RULES,
@@ -51,7 +52,7 @@ from magis.search.state import MState, Objective
 
 def default_rules() -> tuple[Rule, ...]:
     """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules."""
-    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT)
+    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
 
 
 def search_rules(options: SearchOptions) -> tuple[Rule, ...]:
