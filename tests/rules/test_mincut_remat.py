@@ -11,7 +11,7 @@ from magis.bench.fuzz import run_fuzz
 from magis.capture import capture, workload_step
 from magis.cost import get_cost_model
 from magis.rules import MINCUT_REMAT, REMAT, RuleContext, RuleKind
-from magis.rules.mincut_remat import TAG, min_cut
+from magis.rules.mincut_remat import PENALTIES, TAG, min_cut
 from magis.schedule import schedule
 from magis.search import Mode, Objective, SearchOptions, fission_moves, optimize_graph
 from magis.search.hashing import wl_hash, wl_hash_incremental
@@ -34,7 +34,9 @@ def _ctx(graph, order, frozen=frozenset()):
 def _apply(graph, order, frozen=frozenset()):
     """The rule's one rewrite built, its order (the search's placement), and both sims."""
     ctx = _ctx(graph, order, frozen)
-    (rewrite,) = MINCUT_REMAT.match(ctx)
+    rewrites = list(MINCUT_REMAT.match(ctx))
+    assert len(rewrites) == len(PENALTIES)
+    rewrite = rewrites[0]  # the tie-break price: the most memory saved
     assert rewrite.kind is RuleKind.REMAT
     result = rewrite.build()
     result.graph.verify()
