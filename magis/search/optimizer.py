@@ -40,7 +40,7 @@ from magis.rules import (
     RuleContext,
 )
 from magis.schedule import schedule
-from magis.search import fission_moves, parallel
+from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.decisions import Decision
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
@@ -158,8 +158,11 @@ def optimize_graph(
             search.add_warm_start(warm)
         interrupted = False
         try:
-            while search.queue and not search.out_of_budget():
-                search.expand(*search.queue.pop())
+            if options.workers > 1 and options.max_states is None:
+                concurrent.run(search)  # each worker expands states of its own
+            else:
+                while search.queue and not search.out_of_budget():
+                    search.expand(*search.queue.pop())
         except KeyboardInterrupt:
             interrupted = True
         return search.finish(interrupted, before_polish)

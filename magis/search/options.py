@@ -35,9 +35,11 @@ class SearchOptions:
     seeds explore different plans (tests verify plans from several). `rules` None means
     `default_rules()`.
 
-    `workers` > 1 evaluates a popped state's children in that many worker processes (or Ray
-    actors: `ray` is "local" or a cluster's address), recorded in the serial order: the same
-    plan as one worker for a seed and `max_states` (`magis.search.parallel`).
+    `workers` > 1 builds children in that many worker processes (or Ray actors: `ray` is
+    "local" or a cluster's address). With `max_states`, a popped state's children are built in
+    parallel and recorded in the serial order: the same plan as one worker for a seed
+    (`magis.search.parallel`). Under a time budget alone, each worker expands a popped state of
+    its own and outcomes are recorded as they arrive (`magis.search.concurrent`).
     """
 
     time_budget: float = 180.0

@@ -24,6 +24,7 @@ half the serial speed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,7 +45,19 @@ from magis.search.workers import (
     start_ray_workers,
 )
 
-__all__ = ["RayMissingError", "WorkerError", "expand", "import_ray", "start_workers", "whole"]
+__all__ = [
+    "ParallelChildren",
+    "PendingMoves",
+    "RayMissingError",
+    "WorkerError",
+    "expand",
+    "import_ray",
+    "pool_of",
+    "reanalysed",
+    "record_child",
+    "start_workers",
+    "whole",
+]
 
 
 @dataclass
@@ -54,10 +67,40 @@ class PendingMoves:
     cursor, and the end of the moves once a worker found it."""
 
     sid: Sid
+    nodes: int  # the state's size: what moving it to another worker costs
     cursor: int = 0
     next_index: int = 0
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     end: int | None = None
+    work: float = 0.0  # seconds its evaluated moves took, in the workers
+    done: int = 0  # how many moves were evaluated
+
+    def average_move(self) -> float:
+        return self.work / max(self.done, 1)
+
+
+@dataclass
+class _TransferCost:
+    """What moving a state to another worker costs, per node of its graph: pickling it (in
+    its worker, or here) and unpickling it, as measured (moving averages)."""
+
+    dump_per_node: float | None = None
+    load_per_node: float | None = None
+
+    def observe_dump(self, seconds: float, nodes: int) -> None:
+        self.dump_per_node = _averaged(self.dump_per_node, seconds / max(nodes, 1))
+
+    def observe_load(self, seconds: float, nodes: int) -> None:
+        self.load_per_node = _averaged(self.load_per_node, seconds / max(nodes, 1))
+
+    def estimate(self, nodes: int) -> float | None:
+        if self.dump_per_node is None or self.load_per_node is None:
+            return None
+        return (self.dump_per_node + self.load_per_node) * nodes
+
+
+def _averaged(average: float | None, value: float, weight: float = 0.3) -> float:
+    return value if average is None else (1 - weight) * average + weight * value
 
 
 @dataclass
@@ -88,6 +131,7 @@ class ParallelChildren:
     count: int = 0
     pinned: Sid | None = None  # the best state's: kept in its worker until another is best
     pinned_released: bool = False
+    transfer: _TransferCost = field(default_factory=lambda: _TransferCost())
 
     @staticmethod
     def start(transport: Any, n: int, ev: Evaluator) -> ParallelChildren:
@@ -114,7 +158,7 @@ class ParallelChildren:
         """The child itself, fetched from the worker that built it."""
         entry = self.entries[summary.sid]
         if entry.state is None:
-            entry.state = loads(self._blob(summary.sid))
+            entry.state = loads(self._blob(summary.sid, summary.nodes))
             self.sid_of[id(entry.state)] = summary.sid
         return entry.state
 
@@ -139,14 +183,24 @@ class ParallelChildren:
         for w in entry.holders:
             self.drops[w].append(sid)
 
-    def _blob(self, sid: Sid) -> bytes:
+    def _blob(self, sid: Sid, nodes: int) -> bytes:
         entry = self.entries[sid]
         if entry.blob is None:
-            if entry.state is not None:
+            holder = None if entry.state is not None else min(entry.holders)
+            while holder in self.busy:  # not timed: the holder finishes a move first
+                self.collect()
+            start = time.perf_counter()
+            if holder is None:
                 entry.blob = dumps(entry.state)
             else:
-                entry.blob = self._call(min(entry.holders), "state", sid)
+                entry.blob = self._call(holder, "state", sid)
+            self.transfer.observe_dump(time.perf_counter() - start, nodes)
         return entry.blob
+
+    def holders(self, sid: Sid) -> set[int]:
+        """The workers that hold state `sid`."""
+        entry = self.entries.get(sid)
+        return set() if entry is None else entry.holders
 
     def call_holder(self, sid: Sid, method: str, arg: Any) -> Any:
         """Call a worker that holds state `sid`."""
@@ -166,32 +220,47 @@ class ParallelChildren:
 
     # --- moves -----------------------------------------------------------------------------
 
-    def outcome(self, moves: PendingMoves, ahead: int) -> Outcome:
+    def outcome(self, moves: PendingMoves, ahead: int, spread: bool) -> Outcome:
         """The outcome of the move at the cursor, with idle workers on the moves after it
-        (`ahead` moves from the cursor at most)."""
+        (`ahead` moves from the cursor at most); workers that lack the state get moves only
+        when `spread`, or when none holds it."""
         while moves.cursor not in moves.outcomes:
-            self._fill(moves, ahead)
-            self._collect()
+            self._fill(moves, ahead, spread)
+            self.collect()
         return moves.outcomes.pop(moves.cursor)
 
-    def _fill(self, moves: PendingMoves, ahead: int) -> None:
+    def worth_spreading(self, moves: PendingMoves, remaining: int) -> bool:
+        """Whether the `remaining` moves of this pop, at the average cost of its moves so
+        far, pay for moving the state to another worker. Most moves (a recomputation, a
+        swap) take milliseconds, and pickling a vit-base state takes 0.1 s or more: those
+        are left to the worker holding the state; F-Tree moves take a second and are
+        spread."""
+        cost = self.transfer.estimate(moves.nodes)
+        if cost is None:  # not measured yet: measure it
+            return True
+        return moves.average_move() * remaining / self.n > cost
+
+    def _fill(self, moves: PendingMoves, ahead: int, spread: bool) -> None:
         """Hand the next moves to idle workers, those holding the state first (no bytes to
         send)."""
         holders = self.entries[moves.sid].holders if moves.sid in self.entries else set()
         for wid in sorted(range(self.n), key=lambda w: w not in holders):
             if wid in self.busy:
                 continue
+            if holders and wid not in holders and not spread:
+                return
             within = moves.next_index < moves.cursor + ahead
             if not within or (moves.end is not None and moves.next_index >= moves.end):
                 return
-            self._submit(wid, moves, moves.next_index)
+            self.submit(wid, moves, moves.next_index)
             moves.next_index += 1
 
-    def _submit(self, wid: int, moves: PendingMoves, index: int) -> None:
+    def submit(self, wid: int, moves: PendingMoves, index: int) -> None:
+        """Hand move `index` of a popped state to worker `wid` (with the state, if it lacks it)."""
         entry = self.entries[moves.sid]
         blob = None
         if wid not in entry.holders:
-            blob = self._blob(moves.sid)
+            blob = self._blob(moves.sid, moves.nodes)
             entry.holders.add(wid)
             if len(entry.holders) == self.n and entry.state is None:
                 entry.blob = None  # every worker holds it now: no need to keep its bytes here
@@ -210,13 +279,17 @@ class ParallelChildren:
             self.transport.submit(wid, "evaluate", task)
             self.busy[wid] = (moves, index)
 
-    def _collect(self) -> tuple[int, Any]:
+    def collect(self) -> tuple[int, Any]:
         """Wait for one worker's answer; a move's outcome goes to its state's moves."""
         with deferred_interrupt():
             wid, value = self.transport.next_reply(set(self.busy))
             job = self.busy.pop(wid)
         if job is not _SYNC:
             moves, index = job
+            moves.work += value.seconds
+            moves.done += 1
+            if value.load_seconds > 0:
+                self.transfer.observe_load(value.load_seconds, moves.nodes)
             moves.outcomes[index] = value
             if value.name is None:
                 moves.end = index if moves.end is None else min(moves.end, index)
@@ -225,12 +298,12 @@ class ParallelChildren:
     def _call(self, wid: int, method: str, arg: Any) -> Any:
         """Call one worker and wait for its answer (others' outcomes are kept meanwhile)."""
         while wid in self.busy:
-            self._collect()
+            self.collect()
         with deferred_interrupt():
             self.transport.submit(wid, method, arg)
             self.busy[wid] = _SYNC
         while True:
-            who, value = self._collect()
+            who, value = self.collect()
             if who == wid:
                 return value
 
@@ -271,7 +344,7 @@ def start_workers(search_setup: tuple, options) -> Any:
     return start_local_workers(options.workers, setup)
 
 
-def _pool(search) -> ParallelChildren:
+def pool_of(search) -> ParallelChildren:
     """The search's pool over its workers, made on its first expansion."""
     if search.pool is None:
         search.pool = ParallelChildren.start(
@@ -285,19 +358,16 @@ def whole(search, state: MState | Summary) -> MState:
     its worker."""
     if isinstance(state, MState):
         return state
-    return _pool(search).materialize(state)
+    return pool_of(search).materialize(state)
 
 
 def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
     """`_Search.expand` with the children evaluated by `search.options.workers` workers:
     the same records, in the same order, stopping at the same move."""
-    pool = _pool(search)
+    pool = pool_of(search)
     if moves is None:
-        if isinstance(state, MState):
-            state = search._reanalysed(state)
-        else:
-            state = _reanalysed_in_worker(search, pool, state)
-        moves = PendingMoves(pool.sid_for(state))
+        state = reanalysed(search, pool, state)
+        moves = PendingMoves(pool.sid_for(state), state.nodes)
     evaluated = 0
     while True:
         if search.out_of_budget():
@@ -305,7 +375,9 @@ def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
         # The first child of a pop often improves (a line of improvements): then the serial
         # search stops there, and siblings built meanwhile would wait, maybe for ever. So the
         # workers fan out only once a child of this pop has not improved.
-        out = pool.outcome(moves, ahead=1 if evaluated == 0 else pool.n)
+        remaining = search.options.expansion_width - evaluated
+        spread = evaluated > 0 and pool.worth_spreading(moves, remaining)
+        out = pool.outcome(moves, 1 if evaluated == 0 else pool.n, spread)
         moves.cursor += 1
         if out.name is None:  # no more moves: the state is done with
             pool.release(moves.sid)
@@ -314,14 +386,19 @@ def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
         if child is None:
             continue
         evaluated += 1
-        if _record(search, pool, out.name, child) or evaluated >= search.options.expansion_width:
+        if (
+            record_child(search, pool, out.name, child)
+            or evaluated >= search.options.expansion_width
+        ):
             search.queue.push(state, moves)
             return
 
 
-def _reanalysed_in_worker(search, pool: ParallelChildren, state: Summary) -> Summary:
-    """`_Search._reanalysed` for a state a worker holds: the main process decides whether the
-    analysis is due (its record of analyses is the serial search's), the worker runs it."""
+def reanalysed(search, pool: ParallelChildren, state: MState | Summary) -> MState | Summary:
+    """`_Search._reanalysed`; for a state a worker holds, the main process decides whether the
+    analysis is due (its record of analyses is the serial search's) and the worker runs it."""
+    if isinstance(state, MState):
+        return search._reanalysed(state)
     if not (search.options.reanalyse and state is search.best and not state.in_lineage):
         return state
     reanalysis, ev = search.reanalysis, search.evaluator
@@ -338,7 +415,7 @@ def _reanalysed_in_worker(search, pool: ParallelChildren, state: Summary) -> Sum
     return search.best
 
 
-def _record(search, pool: ParallelChildren, name: str, child: Summary) -> bool:
+def record_child(search, pool: ParallelChildren, name: str, child: Summary) -> bool:
     """`_Search._record` on the child's figures: the best too is a `Summary`, its state stays
     in its worker (pinned there) until the search ends."""
     improved = search.objective.better(child, search.best)

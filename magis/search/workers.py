@@ -16,6 +16,7 @@ import multiprocessing
 import pickle
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,6 @@ from magis.ir import DEFAULT_REGISTRY, DerivedKey
 from magis.rules import Rule, RuleContext
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
-from magis.search.hashing import GraphHash
 from magis.search.state import MState
 
 Sid = tuple[int, int]  # a state's id: (the worker that built it, or -1 for the main, a count)
@@ -139,7 +139,7 @@ class Summary:
     sid: Sid
     memory: int
     latency: float
-    hash: GraphHash
+    hash: int  # its GraphHash's value (the labels stay in the worker: 100 KB and more)
     history: tuple[str, ...]
     nodes: int  # the graph's size (what the final re-ordering will cost)
     in_lineage: bool  # whether its F-Tree moves continue a lineage (`MState.fission`)
@@ -172,6 +172,8 @@ class Outcome:
     meta_rejected: bool = False
     child: Summary | None = None
     breakdown: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0  # the move's work in the worker: finding it, building the child
+    load_seconds: float = 0.0  # unpickling the state, when it came with the task
 
 
 # --- the worker side ---------------------------------------------------------------------------
@@ -220,8 +222,18 @@ class ChildWorker:
             self.streams.pop(sid, None)
         self.evaluator.seen.update(task.seen)
         set.update(self.evaluator.seen_trees, task.trees)
+        start = time.perf_counter()
         if task.blob is not None:
             self.states[task.sid] = loads(task.blob)
+        loaded = time.perf_counter()
+        outcome = self._evaluate(task)
+        return replace(
+            outcome,
+            seconds=time.perf_counter() - loaded,
+            load_seconds=loaded - start,
+        )
+
+    def _evaluate(self, task: Task) -> Outcome:
         move = self._move(task.sid, task.index)
         if move is None:
             return Outcome(task.index, None)
@@ -236,7 +248,7 @@ class ChildWorker:
             sid = (self.wid, self.count)
             self.states[sid] = child
             summary = Summary(
-                sid, child.memory, child.latency, child.hash, child.history, child.nodes,
+                sid, child.memory, child.latency, child.hash.value, child.history, child.nodes,
                 child.in_lineage,
             )  # fmt: skip
         spent = {k: v - before[k] for k, v in ev.stats.breakdown.items()}

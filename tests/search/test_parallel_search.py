@@ -91,3 +91,20 @@ def test_a_worker_reanalyses_the_state_it_holds_as_the_main_process_would():
     lineage = worker.states[(-1, 1)].fission
     assert lineage.epoch == 7 and lineage.base_order == serial.base_order
     assert len(lineage.tree) == len(serial.tree)
+
+
+def test_under_a_time_budget_each_worker_expands_states_of_its_own():
+    """Without `max_states`, workers expand popped states concurrently
+    (`magis.search.concurrent`): the search records states, fetches its best from the worker
+    that built it, and that best is a valid schedule of a graph that passes the meta check."""
+    from magis.backend.meta_check import check_graph
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    base = simulate(graph, graph.program_order(), cost)
+    objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
+    result = optimize_graph(graph, cost, objective, SearchOptions(time_budget=8, workers=2))
+    assert result.stats.states_explored > 10
+    assert result.best.memory < base.peak_bytes  # it improved on the program order
+    assert result.best.graph.is_valid_schedule(list(result.best.order))
+    check_graph(result.best.graph)
+    assert simulate(result.best.graph, result.best.order, cost).peak_bytes == result.best.memory
