@@ -284,18 +284,23 @@ def _offered(graph: Graph) -> bool:
     return graph.derived(_OFFERED, compute)
 
 
-def _peak_holds_forward_values(ctx: RuleContext) -> bool:
-    """Whether a hot-spot storage (heuristic H2) is made by the forward: else the cut, which
-    frees only forward values, cannot lower the peak."""
-    graph = ctx.graph
+def _peak_holds_what_the_cut_frees(ctx: RuleContext) -> bool:
+    """Whether a hot-spot storage (heuristic H2) is one the cut may free: made by a forward
+    node it may recompute (not banned, not frozen, read by no frozen node). The cut frees only
+    what it recomputes; after fission most hot-spots lie in frozen regions (bert-base: 10,470
+    of 12,700 nodes), where a 0.4 s cut lowered the peak by 0.7%."""
+    graph, frozen = ctx.graph, ctx.frozen
     if not graph.outputs:
         return False
     loss = graph.outputs[0].node
-    forward = {graph.dag[i] for i in rx.ancestors(graph.dag, graph.rx_index(loss))} | {loss}
-    return any(
-        s.storage.node in forward and not graph.node(s.storage.node).is_placeholder
-        for s in ctx.sim.hotspots
-    )
+    forward = {graph.dag[i] for i in rx.ancestors(graph.dag, graph.rx_index(loss))}
+    for spot in ctx.sim.hotspots:
+        n = spot.storage.node
+        if n not in forward or n in frozen or graph.node(n).is_placeholder:
+            continue
+        if not _banned(graph, n, "runtime") and not any(u in frozen for u in graph.users(n)):
+            return True
+    return False
 
 
 def _match(ctx: RuleContext) -> Iterator[Rewrite]:
@@ -305,11 +310,12 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
     re-materialization's child): offered only on a training step whose graph has no min-cut
     recomputations yet (once per line of states: the cut of a graph already cut recomputes
     nothing new, and its child would be a duplicate; a min-cut warm start counts as cut), and,
-    under H2, only when the peak holds a forward value. Both checks cost a scan of the graph. The cut itself is computed in
-    `build`, which the search calls only when it evaluates the child; where it finds nothing
-    to do, `build` gives the graph unchanged, which the search drops as a duplicate."""
+    under H2, only when the peak holds a value the cut may recompute. Both checks cost a scan
+    of the graph. The cut itself is computed in `build`, which the search calls only when it
+    evaluates the child; where it finds nothing to do, `build` gives the graph unchanged,
+    which the search drops as a duplicate."""
     graph = ctx.graph
-    if not _offered(graph) or (ctx.hotspots_only and not _peak_holds_forward_values(ctx)):
+    if not _offered(graph) or (ctx.hotspots_only and not _peak_holds_what_the_cut_frees(ctx)):
         return
     order, frozen = ctx.order, ctx.frozen
 

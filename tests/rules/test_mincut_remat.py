@@ -120,3 +120,15 @@ def test_random_testing_applies_the_cut_and_finds_no_mismatch():
     report = run_fuzz(40, seed=0)
     assert report.rules_covered["min-cut-remat"] > 0
     assert not report.mismatches, [m.error for m in report.mismatches]
+
+
+def test_not_offered_where_the_peak_holds_nothing_it_may_recompute():
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    graph = step.graph
+    order = schedule(graph, "dp").order
+    everything = frozenset(graph.nodes)  # as if one F-Tree region held the whole step
+    assert not list(MINCUT_REMAT.match(_ctx(graph, order, everything)))
+    # without H2 it is offered, and its cut, with everything banned, changes nothing
+    ctx = RuleContext(graph, tuple(order), simulate(graph, order, COST), everything, False)
+    for rewrite in MINCUT_REMAT.match(ctx):
+        assert not rewrite.build().added
