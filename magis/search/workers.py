@@ -16,6 +16,7 @@ import multiprocessing
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -326,15 +327,23 @@ def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
     if ctx.get_start_method() == "forkserver":
         # the server imports magis (and torch) once; each worker forks from it ready to go
         ctx.set_forkserver_preload(["magis.search.workers"])
-    conns, processes = [], []
+    conns, ends, processes = [], [], []
     for wid in range(n):
         mine, theirs = ctx.Pipe()
-        p = ctx.Process(target=_serve, args=(theirs, wid, setup), daemon=True)
+        conns.append(mine)
+        ends.append(theirs)
+        processes.append(ctx.Process(target=_serve, args=(theirs, wid, setup), daemon=True))
+    # Starting the first one waits for the server to import torch (about 1.3 s): a thread
+    # does it while the caller goes on (the warm starts run meanwhile).
+    starting = threading.Thread(target=_start_all, args=(processes, ends), daemon=True)
+    starting.start()
+    return LocalWorkers(conns, processes, starting)
+
+
+def _start_all(processes: list, ends: list[Connection]) -> None:
+    for p, theirs in zip(processes, ends, strict=True):
         p.start()
         theirs.close()
-        conns.append(mine)
-        processes.append(p)
-    return LocalWorkers(conns, processes)
 
 
 @dataclass
@@ -343,8 +352,15 @@ class LocalWorkers:
 
     conns: list[Connection]
     processes: list
+    starting: threading.Thread | None = None
+
+    def _started(self) -> None:
+        if self.starting is not None:
+            self.starting.join()
+            self.starting = None
 
     def submit(self, wid: int, method: str, arg: Any) -> None:
+        self._started()
         self.conns[wid].send((method, arg))
 
     def next_reply(self, busy: set[int]) -> tuple[int, Any]:
@@ -356,6 +372,7 @@ class LocalWorkers:
         return wid, value
 
     def close(self) -> None:
+        self._started()
         for c in self.conns:
             c.close()
         for p in self.processes:
