@@ -9,6 +9,7 @@ import torch
 from magis.backend import compile_program, measure, verify
 from magis.bench.fuzz import run_fuzz
 from magis.capture import capture, workload_step
+from magis.commands.optimize import find_plan, setup_search
 from magis.cost import get_cost_model
 from magis.rules import MINCUT_REMAT, REMAT, RuleContext, RuleKind
 from magis.rules.mincut_remat import PENALTIES, TAG, min_cut
@@ -132,3 +133,15 @@ def test_not_offered_where_the_peak_holds_nothing_it_may_recompute():
     ctx = RuleContext(graph, tuple(order), simulate(graph, order, COST), everything, False)
     for rewrite in MINCUT_REMAT.match(ctx):
         assert not rewrite.build().added
+
+
+def test_a_default_search_on_gpt2_takes_the_cut_after_other_moves_and_its_plan_verifies():
+    """With every default rule, the cut comes after de-re-materializations and swaps (a state
+    other rules made) and its plan runs as eager PyTorch does (float64)."""
+    tiny = workload_step("corpus:gpt2:tiny", float64_when_tiny=True)[1]
+    plan = find_plan(setup_search(tiny, lat_limit=1.10), max_states=40, seed=0, warm_start=False)
+    history = plan.summary.history
+    assert "min-cut-remat" in history and history.index("min-cut-remat") > 0
+    assert plan.summary.memory_ratio < 1.0
+    program = compile_program(plan.graph, list(plan.order))
+    assert verify(tiny, program, tiny.make_inputs()).verified
