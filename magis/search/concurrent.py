@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from magis.search.parallel import (
+    Batch,
     ParallelChildren,
     PendingMoves,
     pool_of,
@@ -32,6 +33,8 @@ from magis.search.state import MState
 from magis.search.workers import Outcome, Summary
 
 LOOKAHEAD = 8  # queue entries a worker looks through for a state it holds
+BATCH_MOVES = 64  # moves a worker evaluates at most before it hears from the main process
+BATCH_SECONDS = 1.0  # ... and seconds after which it starts no other move of the batch
 
 
 @dataclass
@@ -51,53 +54,64 @@ def run(search) -> None:
         _start_jobs(search, pool, jobs)
         if not jobs:
             return
+        for wid, job in jobs.items():  # each job's worker at work, or its outcome ready
+            if wid not in pool.busy and job.moves.cursor not in job.moves.outcomes:
+                _submit_next(search, pool, wid, job)
         wid, out = _next_outcome(pool, jobs)
         if _advance(search, pool, jobs[wid], out):
             del jobs[wid]
-        elif wid not in pool.busy:
-            _submit_next(pool, wid, jobs[wid].moves)
 
 
 def _start_jobs(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> None:
-    """Give every idle worker a popped state, one it holds if the queue's next few have one."""
+    """Give every idle worker a popped state, one it holds where the queue's next few have one."""
     while search.queue:
         idle = [w for w in range(pool.n) if w not in jobs and w not in pool.busy]
         if not idle:
             return
-        wid = idle[0]
-        state, moves = _pop_for(search, pool, wid)
+        wid, state, moves = _pop_for(search, pool, idle)
         if moves is None:
             state = reanalysed(search, pool, state)  # waits on the state's worker if busy
             moves = PendingMoves(pool.sid_for(state), state.nodes)
         jobs[wid] = _Job(state, moves)
-        _submit_next(pool, wid, moves)
 
 
-def _pop_for(search, pool: ParallelChildren, wid: int):
-    """The first of the queue's next `LOOKAHEAD` entries that worker `wid` holds, or that no
-    worker holds (the main process pickles those without waiting on anyone); else the first.
-    Moving a state another worker holds stalls both workers: it must finish its move, then
-    pickle the state (0.1-0.4 s on vit-base), and the search's line of improvements mostly
-    lives in one worker, whose children fill the top of the queue."""
+def _pop_for(search, pool: ParallelChildren, idle: list[int]):
+    """(worker, state, moves): the first of the queue's next `LOOKAHEAD` entries that an idle
+    worker holds (to that worker), or that no worker holds (the main process pickles those
+    without waiting on anyone); else the first, to the first idle worker. Moving a state
+    another worker holds stalls both: it must finish its moves, then pickle the state (0.1 to
+    0.4 s on vit-base), and the search's line of improvements mostly lives in one worker,
+    whose children fill the top of the queue."""
     popped = []
     chosen = None
     while search.queue and len(popped) < LOOKAHEAD:
         state, moves = search.queue.pop()
-        holders = pool.holders(pool.sid_for(state)) if isinstance(state, Summary) else set()
-        if not holders or wid in holders:
-            chosen = (state, moves)
+        holders = pool.holders(state.sid) if isinstance(state, Summary) else set()
+        takers = [w for w in idle if w in holders]
+        if takers or not holders:
+            chosen = (takers[0] if takers else idle[0], state, moves)
             break
         popped.append((state, moves))
     if chosen is None:
-        chosen = popped.pop(0)
+        chosen = (idle[0], *popped.pop(0))
     for state, moves in popped:
         search.queue.push(state, moves)
     return chosen
 
 
-def _submit_next(pool: ParallelChildren, wid: int, moves: PendingMoves) -> None:
-    pool.submit(wid, moves, moves.next_index)
-    moves.next_index += 1
+def _submit_next(search, pool: ParallelChildren, wid: int, job: _Job) -> None:
+    """The job's next moves, as a batch that stops where `_Search.expand` would (or within a
+    second, so that the budget is kept)."""
+    moves = job.moves
+    moves.next_index = moves.cursor
+    batch = Batch(
+        search.objective,
+        search.objective.key(search.best),
+        search.options.expansion_width - job.evaluated,
+        BATCH_MOVES,
+        min(BATCH_SECONDS, search.budget.seconds - search.budget.elapsed()),
+    )
+    pool.submit(wid, moves, moves.next_index, batch)
 
 
 def _next_outcome(pool: ParallelChildren, jobs: dict[int, _Job]) -> tuple[int, Outcome]:

@@ -32,6 +32,7 @@ from magis.errors import deferred_interrupt
 from magis.search.evaluator import Evaluator
 from magis.search.state import MState
 from magis.search.workers import (
+    Batch,
     Outcome,
     RayMissingError,
     Sid,
@@ -46,6 +47,7 @@ from magis.search.workers import (
 )
 
 __all__ = [
+    "Batch",
     "ParallelChildren",
     "PendingMoves",
     "RayMissingError",
@@ -255,8 +257,9 @@ class ParallelChildren:
             self.submit(wid, moves, moves.next_index)
             moves.next_index += 1
 
-    def submit(self, wid: int, moves: PendingMoves, index: int) -> None:
-        """Hand move `index` of a popped state to worker `wid` (with the state, if it lacks it)."""
+    def submit(self, wid: int, moves: PendingMoves, index: int, batch: Batch | None = None) -> None:
+        """Hand move `index` of a popped state (or a `batch` of moves from there) to worker
+        `wid`, with the state if it lacks it."""
         entry = self.entries[moves.sid]
         blob = None
         if wid not in entry.holders:
@@ -272,6 +275,7 @@ class ParallelChildren:
             tuple(self.seen_log[seen_at:]),
             tuple(self.tree_log[trees_at:]),
             tuple(self.drops[wid]),
+            batch,
         )
         self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
         self.drops[wid] = []
@@ -280,20 +284,24 @@ class ParallelChildren:
             self.busy[wid] = (moves, index)
 
     def collect(self) -> tuple[int, Any]:
-        """Wait for one worker's answer; a move's outcome goes to its state's moves."""
+        """Wait for one worker's answer; moves' outcomes go to their state's moves."""
         with deferred_interrupt():
             wid, value = self.transport.next_reply(set(self.busy))
             job = self.busy.pop(wid)
         if job is not _SYNC:
-            moves, index = job
-            moves.work += value.seconds
-            moves.done += 1
-            if value.load_seconds > 0:
-                self.transfer.observe_load(value.load_seconds, moves.nodes)
-            moves.outcomes[index] = value
-            if value.name is None:
-                moves.end = index if moves.end is None else min(moves.end, index)
+            moves, _ = job
+            for out in value:
+                self._keep(moves, out)
         return wid, value
+
+    def _keep(self, moves: PendingMoves, out: Outcome) -> None:
+        moves.work += out.seconds
+        moves.done += 1
+        if out.load_seconds > 0:
+            self.transfer.observe_load(out.load_seconds, moves.nodes)
+        moves.outcomes[out.index] = out
+        if out.name is None:
+            moves.end = out.index if moves.end is None else min(moves.end, out.index)
 
     def _call(self, wid: int, method: str, arg: Any) -> Any:
         """Call one worker and wait for its answer (others' outcomes are kept meanwhile)."""

@@ -29,7 +29,7 @@ from magis.ir import DEFAULT_REGISTRY, DerivedKey
 from magis.rules import Rule, RuleContext
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
-from magis.search.state import MState
+from magis.search.state import MState, Objective
 
 Sid = tuple[int, int]  # a state's id: (the worker that built it, or -1 for the main, a count)
 
@@ -150,7 +150,13 @@ class Summary:
 class Task:
     """Evaluate move `index` of state `sid` (`blob`: the state, when the worker lacks it).
     `seen`/`trees`: hashes and F-Tree keys the main process recorded since this worker's last
-    task; `drop`: states no longer needed."""
+    task; `drop`: states no longer needed.
+
+    With a `batch`, the moves from `index` on, one after the other, until one is past the
+    end, or builds a child better than the best, or `children` children are built, or the
+    batch's moves or seconds run out: a worker expanding a state of its own
+    (`magis.search.concurrent`) does not wait for the main process between two moves that
+    take a millisecond each."""
 
     sid: Sid
     index: int
@@ -158,6 +164,18 @@ class Task:
     seen: tuple[int, ...]
     trees: tuple
     drop: tuple[Sid, ...]
+    batch: Batch | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Where a task of several moves stops (`Task`)."""
+
+    objective: Objective
+    best_key: tuple  # objective.key of the best state as the main process knows it
+    children: int
+    moves: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -217,7 +235,8 @@ class ChildWorker:
         self.streams: dict[Sid, tuple[Iterator, int]] = {}
         self.count = 0
 
-    def evaluate(self, task: Task) -> Outcome:
+    def evaluate(self, task: Task) -> list[Outcome]:
+        """The outcomes of the task's move, or of its batch of moves, in order."""
         for sid in task.drop:
             self.states.pop(sid, None)
             self.streams.pop(sid, None)
@@ -226,18 +245,28 @@ class ChildWorker:
         start = time.perf_counter()
         if task.blob is not None:
             self.states[task.sid] = loads(task.blob)
-        loaded = time.perf_counter()
-        outcome = self._evaluate(task)
-        return replace(
-            outcome,
-            seconds=time.perf_counter() - loaded,
-            load_seconds=loaded - start,
-        )
+        load_seconds = time.perf_counter() - start
+        batch = task.batch
+        outcomes: list[Outcome] = []
+        children = 0
+        while True:
+            begun = time.perf_counter()
+            out = self._evaluate(task.sid, task.index + len(outcomes))
+            outcomes.append(replace(out, seconds=time.perf_counter() - begun))
+            children += out.child is not None
+            if batch is None or out.name is None or len(outcomes) >= batch.moves:
+                break
+            if out.child is not None and batch.objective.key(out.child) < batch.best_key:
+                break
+            if children >= batch.children or time.perf_counter() - start >= batch.seconds:
+                break
+        outcomes[0] = replace(outcomes[0], load_seconds=load_seconds)
+        return outcomes
 
-    def _evaluate(self, task: Task) -> Outcome:
-        move = self._move(task.sid, task.index)
+    def _evaluate(self, sid: Sid, index: int) -> Outcome:
+        move = self._move(sid, index)
         if move is None:
-            return Outcome(task.index, None)
+            return Outcome(index, None)
         name, make_child = move
         ev, trees = self.evaluator, self.evaluator.seen_trees
         ev.probe, trees.probe = None, None
@@ -254,7 +283,7 @@ class ChildWorker:
             )  # fmt: skip
         spent = {k: v - before[k] for k, v in ev.stats.breakdown.items()}
         return Outcome(
-            task.index,
+            index,
             name,
             trees.probe,
             ev.probe if ev.stats.meta_rejected == rejected else None,

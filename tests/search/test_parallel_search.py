@@ -80,7 +80,7 @@ def test_a_worker_reanalyses_the_state_it_holds_as_the_main_process_would():
     state = initial_state(graph, cost, fission=False)
     options = SearchOptions(time_budget=600, max_states=MAX_STATES)
     worker = ChildWorker(0, dumps((cost, options, ())))
-    worker.evaluate(Task((-1, 1), 0, dumps(state), (), (), ()))  # a state with no moves
+    worker.evaluate(Task((-1, 1), 0, dumps(state), (), (), ()))  # it now holds the state
     assert worker.hotspot_key((-1, 1)) == hotspot_key(state.sim.hotspots)
 
     found, seconds = worker.reanalyse(((-1, 1), 4, 7))
