@@ -125,7 +125,7 @@ def optimize_cmd(
         typer.Option(
             "--workers",
             min=1,
-            help="Build each popped state's children in N processes (same plan).",
+            help="Build children in N processes: the same plan as 1 with --max-states; under a time budget each expands states of its own.",
         ),
     ] = 1,
     ray: Annotated[
