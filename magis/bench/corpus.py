@@ -246,4 +246,5 @@ def magis_search(ctx: Context, cell: Cell) -> Searched:
         s.seconds,
         reason,
         s.interrupted,
+        dict(s.breakdown),
     )

@@ -51,6 +51,11 @@ class Searched:
     seconds: float
     reason: str = ""
     interrupted: bool = False
+    breakdown: dict[str, float] = field(default_factory=dict)  # seconds per search phase
+
+    @property
+    def states_per_second(self) -> float | None:
+        return self.states_explored / self.seconds if self.seconds > 0 else None
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ CSV_FIELDS = (
     "satisfied",
     "states_explored",
     "seconds",
+    "states_per_second",
     "reason",
     "baseline_method",
     "baseline_memory_ratio",
@@ -110,6 +116,8 @@ class ModelResult:
             "satisfied": s.satisfied if s else None,
             "states_explored": s.states_explored if s else None,
             "seconds": s.seconds if s else None,
+            "states_per_second": s.states_per_second if s else None,
+            "breakdown": dict(s.breakdown) if s else {},
             "reason": s.reason if s else "",
             "baseline_method": b.method if b else None,
             "baseline_memory_ratio": b.memory_ratio if b else None,
