@@ -72,6 +72,7 @@ class Cell:
     time_budget: float = 0.0
     max_states: int | None = None
     methods: tuple[str, ...] = ()
+    workers: int = 1
 
     def describe(self) -> str:
         if self.constraint is None:
@@ -106,7 +107,9 @@ def corpus_cells(options: CorpusOptions) -> list[Cell]:
         w = options.workload(model)
         cells.append(Cell(w, options.hardware, methods=options.baselines()))
         cells += [
-            Cell(w, options.hardware, c, options.time_budget, options.max_states)
+            Cell(
+                w, options.hardware, c, options.time_budget, options.max_states, (), options.workers
+            )
             for c in CORPUS_CONSTRAINTS
         ]
     return cells
@@ -234,7 +237,9 @@ def magis_search(ctx: Context, cell: Cell) -> Searched:
         setup = setup_search(ctx.step, hardware=ctx.cost, workload=cell.workload, **limit)
     except MagisError as exc:
         return Searched(c.label, None, None, False, 0, 0.0, str(exc))
-    plan = find_plan(setup, time_budget=cell.time_budget, max_states=cell.max_states)
+    plan = find_plan(
+        setup, time_budget=cell.time_budget, max_states=cell.max_states, workers=cell.workers
+    )
     s = plan.summary
     reason = "" if s.satisfied else "the limit was not met in the search's budget"
     return Searched(

@@ -31,6 +31,7 @@ class CorpusOptions:
     max_states: int | None = None
     methods: tuple[str, ...] = ()  # baselines; empty: every registered one
     out: Path = Path("out/bench-corpus")
+    workers: int = 1  # worker processes of each MAGIS search (`magis optimize --workers`)
 
     def workload(self, model: str) -> str:
         return f"{CORPUS_PREFIX}{model}" + ("" if self.size == FULL else f":{self.size}")

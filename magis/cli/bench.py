@@ -217,11 +217,25 @@ def bench_corpus_cmd(
     out: OutOpt = Path("out/bench-corpus"),
     jobs: JobsOpt = 1,
     ray: RayOpt = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", min=1, help="Worker processes of each search (as magis optimize's)."
+        ),
+    ] = 1,
     json_path: JsonOpt = None,
 ) -> None:
     """MAGIS and the best baseline on every public corpus model (magis workloads --corpus)
     under latency limit 1.10 and memory limit 0.4 (issue #16). Ctrl-C keeps what finished."""
     from magis.bench.corpus import CORPUS_NAMES, CorpusOptions, run_corpus, table_cells
+
+    if workers > 1 and (jobs > 1 or ray is not None):
+        from magis.bench.compare import BenchError
+
+        raise BenchError(
+            "--workers runs each search on several processes, --jobs/--ray several cells at "
+            "once: choose one"
+        )
 
     options = CorpusOptions(
         models=_split_names(models) or CORPUS_NAMES,
@@ -231,6 +245,7 @@ def bench_corpus_cmd(
         max_states=max_states,
         methods=_split_names(methods),
         out=out,
+        workers=workers,
     )
     runner = _runner(jobs, ray)
     with progress_bar("corpus") as progress:
