@@ -144,11 +144,14 @@ def min_cut(
     """Alg. 1 on `graph` run in `order` (default: the program order), with the nodes of
     `frozen` never recomputed nor re-wired; None when it has no backward to save for.
     `penalty` > 0 charges a recomputation `penalty` times the bytes it reads and writes."""
+    sides = _sides(graph, variant, order, frozen)
+    return None if sides is None else _cut(graph, sides, penalty)
+
+
+def _cut(graph: Graph, sides: _Sides, penalty: float) -> MinCut | None:
+    """Alg. 1's auxiliary graph for `sides`, and its minimum cut."""
     from ortools.graph.python import max_flow  # heavy; only the cut needs it
 
-    sides = _sides(graph, variant, order, frozen)
-    if sides is None:
-        return None
     fwd, backward = sides.fwd, sides.backward
     fwd_set = set(fwd)
     index: dict[int, int] = {}  # node -> its in-vertex; out-vertex = in + 1 (forward, inputs)
@@ -245,7 +248,13 @@ def remat_min_cut(
     with each recomputation before its first backward reader); None when the step has no
     backward, the cut recomputes nothing, or the trace would re-wire a frozen node."""
     cut = min_cut(graph, variant, order, frozen, penalty)
-    if cut is None or not cut.recomputed:
+    return None if cut is None else _traced(graph, order, frozen, cut)
+
+
+def _traced(
+    graph: Graph, order: Sequence[int], frozen: frozenset[int], cut: MinCut
+) -> Rewritten | None:
+    if not cut.recomputed:
         return None
     try:
         g, new_order = trace_graph(graph, recompute_events(graph, cut, order), TAG)
@@ -313,14 +322,25 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
     under H2, only when the peak holds a value the cut may recompute. Both checks cost a scan
     of the graph. The cut itself is computed in `build`, which the search calls only when it
     evaluates the child; where it finds nothing to do, `build` gives the graph unchanged,
-    which the search drops as a duplicate."""
+    which the search drops as a duplicate. Three prices, because the rule does not know the
+    search's limit: under a latency limit, a cut that saves less in less time may be the one
+    that fits. The three share the split into forward and backward, and a price whose cut
+    recomputes what a cheaper one's did is not traced again."""
     graph = ctx.graph
     if not _offered(graph) or (ctx.hotspots_only and not _peak_holds_what_the_cut_frees(ctx)):
         return
     order, frozen = ctx.order, ctx.frozen
+    memo: dict = {"traced": set()}
 
     def build(penalty: float) -> Rewritten:
-        result = remat_min_cut(graph, order, frozen, penalty=penalty)
+        if "sides" not in memo:
+            memo["sides"] = _sides(graph, "runtime", order, frozen)
+        sides = memo["sides"]
+        cut = None if sides is None else _cut(graph, sides, penalty)
+        result = None
+        if cut is not None and cut.recomputed not in memo["traced"]:
+            memo["traced"].add(cut.recomputed)
+            result = _traced(graph, order, frozen, cut)
         return result if result is not None else Rewritten(graph.copy(), frozenset())
 
     for penalty in PENALTIES:
