@@ -247,9 +247,12 @@ def optimize(
     workload: str | None = None,
     memory_figure: str | MemoryFigure = "theoretical",
     max_states: int | None = None,
+    workers: int = 1,
+    ray: str | None = None,
 ) -> Plan:
     """Optimize a captured step — or a model with example inputs, whose training step is
-    captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2)."""
+    captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2).
+    `workers`/`ray`: the search on several processes, as `find_plan` takes them."""
     check_one_limit(mem_limit, lat_limit)
     _read_limit(mem_limit, lat_limit)  # a typo fails before the capture
     step = step_or_model
@@ -266,5 +269,10 @@ def optimize(
         workload=workload,
     )
     return find_plan(
-        setup, time_budget=time_budget, on_improvement=on_improvement, max_states=max_states
+        setup,
+        time_budget=time_budget,
+        on_improvement=on_improvement,
+        max_states=max_states,
+        workers=workers,
+        ray=ray,
     )

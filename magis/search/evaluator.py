@@ -9,13 +9,14 @@ duplicates, rules applied, seconds per part).
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from magis.backend.meta_check import MetaChecker, MetaReport
 from magis.cost import CostModel
-from magis.errors import MagisError
+from magis.errors import MagisError, MagisWarning
 from magis.ir import Graph
 from magis.rules import Rewrite, Rewritten, Rule, RuleContext
 from magis.schedule import schedule
@@ -53,6 +54,7 @@ class SearchStats:
     # graph records (the meta check): dropped, never kept or returned.
     meta_rejected: int = 0
     rules_applied: Counter = field(default_factory=Counter)
+    failed_children: Counter = field(default_factory=Counter)  # per rule: builds that raised
     breakdown: dict[str, float] = field(
         default_factory=lambda: {
             "transform": 0.0,
@@ -188,7 +190,28 @@ class Evaluator:
 
     def child(self, state: MState, rewrite: Rewrite) -> MState | None:
         """Build a rule's rewrite, skip it when its graph was seen, else schedule and simulate
-        it. Any rule other than an F-Tree mutation ends the lineage's fission moves."""
+        it. Any rule other than an F-Tree mutation ends the lineage's fission moves. A rewrite
+        that raises is dropped (`failed`): one broken child must not end a user's search."""
+        try:
+            return self._child(state, rewrite)
+        except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
+            self.failed(rewrite.rule, exc)
+            return None
+
+    def failed(self, rule: str, exc: Exception) -> None:
+        """A child of `rule` raised while it was built: counted, and warned about the first
+        time for each rule (a bug to report; the tests turn the warning into an error)."""
+        self.stats.failed_children[rule] += 1
+        if self.stats.failed_children[rule] == 1:
+            warnings.warn(
+                MagisWarning(
+                    f"a {rule} child could not be built ({type(exc).__name__}: {exc}); such "
+                    "children are skipped (please report it)"
+                ),
+                stacklevel=2,
+            )
+
+    def _child(self, state: MState, rewrite: Rewrite) -> MState | None:
         result: Rewritten = self.timed("transform", rewrite.build)
         metas = self.derive_metas(result.graph, result.touched)
         if metas is None:

@@ -221,6 +221,10 @@ class _MirrorEvaluator(Evaluator):
         self.probe = hash_value
         return hash_value not in self.seen
 
+    def failed(self, rule: str, exc: Exception) -> None:
+        super().failed(rule, exc)
+        self.probe = None  # not built: the main process records no hash for it
+
 
 class ChildWorker:
     """One worker: the states it holds, each popped state's move stream, its evaluator."""

@@ -108,3 +108,22 @@ def test_under_a_time_budget_each_worker_expands_states_of_its_own():
     assert result.best.graph.is_valid_schedule(list(result.best.order))
     check_graph(result.best.graph)
     assert simulate(result.best.graph, result.best.order, cost).peak_bytes == result.best.memory
+
+
+def test_a_rewrite_that_raises_is_dropped_counted_and_warned_about(monkeypatch):
+    """One broken child must not end a user's search (`Evaluator.failed`): the child is
+    skipped, counted per rule, and a MagisWarning names the rule and the error."""
+    from magis.errors import MagisWarning
+    from magis.rules import RuleContext
+    from magis.search import Evaluator, initial_state
+    from magis.search.optimizer import default_rules
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    state = initial_state(graph, cost, fission=False)
+    evaluator = Evaluator(cost, SearchOptions().memory_figure)
+    ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, True)
+    name, make_child = next(evaluator.moves(state, default_rules(), ctx))
+    monkeypatch.setattr("magis.search.evaluator.reschedule", lambda *a: {}[1940])
+    with pytest.warns(MagisWarning, match=f"a {name} child could not be built"):
+        assert make_child() is None
+    assert evaluator.stats.failed_children[name] == 1
