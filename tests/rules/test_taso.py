@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import pytest
+import rustworkx as rx
 import torch
 
 from magis.backend import compile_program, verify
@@ -22,6 +23,7 @@ from magis.rules.taso import (
     SPLIT_MATMUL,
     SPLIT_WGRAD_OF_CAT,
 )
+from magis.rules.taso.matmul import parallel_groups
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.sim import simulate
 
@@ -203,3 +205,32 @@ def test_split_weight_gradient_by_the_parts_of_a_concatenation_and_merge_back():
             replace(step, graph=res.graph), MERGE_WGRADS_OF_CAT, new_order
         )
         assert wl_hash(back.graph).value == wl_hash(split.graph).value
+
+
+def test_matmuls_that_share_a_weight_but_depend_on_each_other_are_not_merged():
+    """A layer applied twice (ALBERT's shared layers) reads one weight in matmuls that depend
+    on each other: merging them would make a cycle. Only independent ones are grouped, and
+    every merge offered builds an acyclic graph that verifies."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8).double()
+
+    def model_fn(x):
+        return layer(torch.tanh(layer(torch.tanh(layer(x)))))
+
+    model = torch.nn.Module()
+    model.layer = layer
+    model.forward = model_fn
+    x = torch.randn(4, 8, dtype=torch.float64)
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean())
+    graph = step.graph
+    groups = [g for _, g in parallel_groups(_ctx(graph, graph.program_order()))]
+    for group in groups:
+        for a in group:
+            ancestors = rx.ancestors(graph.dag, graph.rx_index(a))
+            assert not any(graph.rx_index(b) in ancestors for b in group if b != a)
+    for rw in MERGE_MATMUL.match(_ctx(graph, graph.program_order())):
+        res = rw.build()
+        res.graph.verify()
+        assert res.graph.is_valid_schedule(
+            place_after_inputs(res.graph, graph.program_order(), res.added)
+        )

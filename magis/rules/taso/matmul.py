@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
+import rustworkx as rx
+
 from magis.ir import Graph, Ref, TensorMeta
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
 from magis.rules.taso.common import ADDMM, CAT, MM, SLICE, add_cat, contiguous, slice_meta
@@ -63,8 +65,23 @@ def parallel_groups(ctx: RuleContext) -> Iterator[tuple[str, list[int]]]:
             by_right[(kind, canonical(graph, right), graph.meta(left).shape)].append(nid)
     groups = [("left", g) for g in by_left.values() if len(g) > 1]
     groups += [("right", g) for g in by_right.values() if len(g) > 1]
+    groups = [(side, _independent(graph, g)) for side, g in groups]
+    groups = [(side, g) for side, g in groups if len(g) > 1]
     groups.sort(key=lambda kg: -len(kg[1]))
     yield from groups
+
+
+def _independent(graph: Graph, group: list[int]) -> list[int]:
+    """The members, in schedule order, that none of those kept before depends on. Sharing an
+    operand does not make matmuls parallel: a model that applies one layer's weights again
+    (ALBERT's shared layers, a tied projection) reads them in matmuls that depend on each
+    other, and merging those would make the merged matmul an input of itself (a cycle)."""
+    kept: list[int] = []
+    for nid in group:
+        ancestors = rx.ancestors(graph.dag, graph.rx_index(nid))
+        if not any(graph.rx_index(k) in ancestors for k in kept):
+            kept.append(nid)
+    return kept
 
 
 def merge_matmuls(graph: Graph, side: str, group: list[int]) -> Rewritten:
