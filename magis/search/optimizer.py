@@ -289,7 +289,7 @@ class _Search:
     def _reanalysed(self, state: MState) -> MState:
         """The best state, when popped without a lineage, starts a new one on a fresh F-Tree
         (Alg. 3's Analyze), if its hot-spots are new and the analysis is affordable."""
-        if not (self.options.reanalyse and state is self.best and state.fission is None):
+        if not self.offers_reanalysis(state):
             return state
         elapsed, left = self.budget.analysis_window()
         lineage = self.evaluator.timed(
@@ -306,6 +306,11 @@ class _Search:
             return state
         self.best = replace(state, fission=lineage)
         return self.best
+
+    def offers_reanalysis(self, state) -> bool:
+        """Whether a popped state is offered a re-analysis: the best, without a lineage (an
+        `MState`, or a worker's `Summary` of one)."""
+        return self.options.reanalyse and state is self.best and not state.in_lineage
 
     def _record(self, name: str, child: MState) -> bool:
         """Count the child, keep it as the best if it is, and queue it if it is worth it;

@@ -407,7 +407,7 @@ def reanalysed(search, pool: ParallelChildren, state: MState | Summary) -> MStat
     analysis is due (its record of analyses is the serial search's) and the worker runs it."""
     if isinstance(state, MState):
         return search._reanalysed(state)
-    if not (search.options.reanalyse and state is search.best and not state.in_lineage):
+    if not search.offers_reanalysis(state):
         return state
     reanalysis, ev = search.reanalysis, search.evaluator
     elapsed, left = search.budget.analysis_window()

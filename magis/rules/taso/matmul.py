@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-import rustworkx as rx
-
 from magis.ir import Graph, Ref, TensorMeta
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
 from magis.rules.taso.common import ADDMM, CAT, MM, SLICE, add_cat, contiguous, slice_meta
@@ -65,23 +63,41 @@ def parallel_groups(ctx: RuleContext) -> Iterator[tuple[str, list[int]]]:
             by_right[(kind, canonical(graph, right), graph.meta(left).shape)].append(nid)
     groups = [("left", g) for g in by_left.values() if len(g) > 1]
     groups += [("right", g) for g in by_right.values() if len(g) > 1]
-    groups = [(side, _independent(graph, g)) for side, g in groups]
+    position = {nid: i for i, nid in enumerate(ctx.order)}
+    groups = [(side, _independent(graph, g, position)) for side, g in groups]
     groups = [(side, g) for side, g in groups if len(g) > 1]
     groups.sort(key=lambda kg: -len(kg[1]))
     yield from groups
 
 
-def _independent(graph: Graph, group: list[int]) -> list[int]:
+def _independent(graph: Graph, group: list[int], position: dict[int, int]) -> list[int]:
     """The members, in schedule order, that none of those kept before depends on. Sharing an
     operand does not make matmuls parallel: a model that applies one layer's weights again
     (ALBERT's shared layers, a tied projection) reads them in matmuls that depend on each
     other, and merging those would make the merged matmul an input of itself (a cycle)."""
     kept: list[int] = []
     for nid in group:
-        ancestors = rx.ancestors(graph.dag, graph.rx_index(nid))
-        if not any(graph.rx_index(k) in ancestors for k in kept):
+        if not kept or not _depends_on(graph, nid, kept, position):
             kept.append(nid)
     return kept
+
+
+def _depends_on(graph: Graph, nid: int, earlier: list[int], position: dict[int, int]) -> bool:
+    """Whether `nid` reads, through any path, one of `earlier` (scheduled before it). The walk
+    back stops at what is scheduled before the first of them: parallel groups (QKV) sit side by
+    side, so this runs on every popped state without walking the whole graph."""
+    dag = graph.dag
+    targets = {graph.rx_index(n) for n in earlier}
+    floor = min(position[n] for n in earlier)
+    stack, seen = [graph.rx_index(nid)], set()
+    while stack:
+        for p in dag.predecessor_indices(stack.pop()):
+            if p in targets:
+                return True
+            if p not in seen and position.get(dag[p], floor) > floor:
+                seen.add(p)
+                stack.append(p)
+    return False
 
 
 def merge_matmuls(graph: Graph, side: str, group: list[int]) -> Rewritten:
