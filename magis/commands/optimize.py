@@ -170,7 +170,7 @@ def find_plan(
         seed=seed,
     )
     # workers boot (import torch, unpickle the cost model) while the peers run
-    started = start_search_workers(setup.cost, options) if workers > 1 else None
+    started = start_search_workers(setup.cost, options, setup.objective) if workers > 1 else None
     warm = []
     try:
         if warm_start:

@@ -17,6 +17,7 @@ from magis.rules.base import (
     group_rule,
     node_rewrites,
     node_rule,
+    ordered_for,
     place_after_inputs,
     stable_topological_order,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "mutations",
     "node_rewrites",
     "node_rule",
+    "ordered_for",
     "place_after_inputs",
     "prepare",
     "recompute_call",

@@ -38,6 +38,18 @@ class RuleKind(enum.Enum):
     DECOMPACT = "decompact"
 
 
+# The kinds whose rewrites trade time for memory; the others (their duals, TASO's
+# substitutions) trade memory for time or save time outright.
+SAVES_MEMORY = frozenset({RuleKind.REMAT, RuleKind.SWAP, RuleKind.COMPACT})
+
+
+def ordered_for(rules: Iterable[Rule], wants_memory: bool) -> list[Rule]:
+    """`rules` with those that save what the objective ranks first ahead of the others (in
+    their order otherwise): the first children of a state are the ones likely to improve it."""
+    rules = list(rules)
+    return sorted(rules, key=lambda r: (r.kind in SAVES_MEMORY) != wants_memory)
+
+
 @dataclass(frozen=True)
 class RuleContext:
     """What a rule may look at: the graph, its schedule and that schedule's simulation.
@@ -74,6 +86,9 @@ class Rewritten:
     # materialization and swapping know it (the first late reader); the scheduler may use the
     # hint instead of re-solving (search/optimizer.py says when).
     anchor: int | None = None
+    # Or several such groups: (anchor, added nodes) pairs, each group right before its anchor
+    # (one rewrite applied to several storages: repeated.py).
+    placements: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # Or, for a rewrite that replaces nodes by others (an op split in two, or two merged):
     # (old nodes, new nodes) pairs, the new nodes in this order where the first of the old ran.
     in_place_of: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()

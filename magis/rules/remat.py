@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.repeated import repeated_rewrites
 
 
 def recomputable(graph: Graph, nid: int) -> bool:
@@ -123,6 +124,7 @@ def recompute(graph: Graph, reads: LateReads) -> Rewritten:
 
 
 MAX_CHAIN = 4  # nodes a segment recomputation may re-run
+ALL = 512  # candidates read for the repeated kinds' groups (which need every member)
 
 
 def recompute_chain(ctx: RuleContext, reads: LateReads) -> tuple[int, ...]:
@@ -176,17 +178,22 @@ def recompute_segment(graph: Graph, reads: LateReads, chain: tuple[int, ...]) ->
     `chain`'s nodes (each copy reading the copies before it), placed right before the first
     late reader."""
     g = graph.copy()
+    changed = recompute_segment_into(g, reads, chain)
+    added = g.added_since(graph)
+    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+
+
+def recompute_segment_into(g: Graph, reads: LateReads, chain: tuple[int, ...]) -> set[int]:
+    """`recompute_segment`'s edit, made on `g` itself; returns the readers changed."""
     mapping: dict[Ref, Ref] = {}
     for nid in chain:
         node = g.node(nid)
-        args, kwargs = recompute_call(graph, nid)
+        args, kwargs = recompute_call(g, nid)
         args = tuple(_mapped(a, mapping) for a in args)
         twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
         for i in range(len(node.outputs)):
             mapping[Ref(nid, i)] = Ref(twin, i)
-    changed = redirect_late_reads(g, reads, mapping[reads.storage])
-    added = g.added_since(graph)
-    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+    return redirect_late_reads(g, reads, mapping[reads.storage])
 
 
 def _mapped(arg, mapping: dict[Ref, Ref]):
@@ -210,9 +217,10 @@ def hot_storages(ctx: RuleContext) -> Iterator[Ref]:
             yield s
 
 
-def hot_late_reads(ctx: RuleContext, eligible) -> Iterator[LateReads]:
+def hot_late_reads(ctx: RuleContext, eligible, limit: int | None = None) -> Iterator[LateReads]:
     """The late reads of hot storages whose producer `eligible(storage)` accepts, at most
-    `ctx.max_candidates`: the candidates of both re-materialization and swapping (H2)."""
+    `limit` (`ctx.max_candidates`): the candidates of re-materialization and swapping (H2)."""
+    limit = ctx.max_candidates if limit is None else limit
     emitted = 0
     for storage in hot_storages(ctx):
         if storage.node in ctx.frozen or not eligible(storage):
@@ -222,15 +230,24 @@ def hot_late_reads(ctx: RuleContext, eligible) -> Iterator[LateReads]:
             continue
         yield reads
         emitted += 1
-        if emitted >= ctx.max_candidates:
+        if emitted >= limit:
             return
 
 
 def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
     """Per hot storage: its producer re-run for the late readers, and, when that would keep
-    dead inputs alive, the segment behind it too (`recompute_chain`)."""
+    dead inputs alive, the segment behind it too (`recompute_chain`); first, for each kind
+    of hot storage a repeated layer holds many of, all of them at once (`repeated.py`)."""
     graph = ctx.graph
-    for reads in hot_late_reads(ctx, lambda s: recompute_call(graph, s.node) is not None):
+
+    def eligible(s: Ref) -> bool:
+        return recompute_call(graph, s.node) is not None
+
+    yield from repeated_rewrites(
+        ctx, "remat", RuleKind.REMAT, "recompute", hot_late_reads(ctx, eligible, ALL),
+        lambda g, reads: recompute_segment_into(g, reads, recompute_chain(ctx, reads)),
+    )  # fmt: skip
+    for reads in hot_late_reads(ctx, eligible):
         name = graph.node(reads.storage.node).name
         chain = recompute_chain(ctx, reads)
         if len(chain) > 1:

@@ -14,20 +14,26 @@ from collections.abc import Iterator
 
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
-from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
-from magis.rules.remat import LateReads, hot_late_reads, merge_into, redirect_late_reads
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rule
+from magis.rules.remat import ALL, LateReads, hot_late_reads, merge_into, redirect_late_reads
+from magis.rules.repeated import repeated_rewrites
 
 
 def swap(graph: Graph, reads: LateReads) -> Rewritten:
     g = graph.copy()
+    changed = swap_into(g, reads)
+    added = g.added_since(graph)
+    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+
+
+def swap_into(g: Graph, reads: LateReads) -> set[int]:
+    """`swap`'s edit, made on `g` itself; returns the readers changed."""
     value = reads.storage
     meta = g.meta(value)
     name = g.node(value.node).name
     store = g.add_op(f"{name}_store", STORE_OP, (value,), outputs=(meta,))
     load = g.add_op(f"{name}_load", LOAD_OP, (Ref(store),), outputs=(meta,))
-    changed = redirect_late_reads(g, reads, Ref(load))
-    added = g.added_since(graph)
-    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+    return redirect_late_reads(g, reads, Ref(load))
 
 
 def unswap(graph: Graph, load: int) -> Rewritten:
@@ -56,7 +62,19 @@ def _describe_swap(graph: Graph, reads: LateReads) -> str:
     return f"swap {name} out until {until}"
 
 
-SWAP = group_rule("swap", RuleKind.SWAP, _swappable_late_reads, swap, _describe_swap)
+def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
+    """Each kind of hot storage a repeated layer holds many of, swapped at once
+    (`repeated.py`), then one rewrite per hot storage."""
+    graph = ctx.graph
+    every = hot_late_reads(ctx, lambda v: _swappable(graph, v), ALL)
+    yield from repeated_rewrites(ctx, "swap", RuleKind.SWAP, "swap", every, swap_into)
+    for reads in _swappable_late_reads(ctx):
+        yield Rewrite(
+            "swap", RuleKind.SWAP, _describe_swap(graph, reads), lambda r=reads: swap(graph, r)
+        )
+
+
+SWAP = Rule("swap", RuleKind.SWAP, _match_swap)
 DESWAP = node_rule(
     "deswap",
     RuleKind.DESWAP,

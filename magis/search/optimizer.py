@@ -97,10 +97,10 @@ class SearchResult:
         return self.objective.satisfied(self.best)
 
 
-def start_search_workers(cost: CostModel, options: SearchOptions) -> Any:
+def start_search_workers(cost: CostModel, options: SearchOptions, objective: Objective) -> Any:
     """The `options.workers` worker processes (or Ray actors) of a search with these options
     (`magis.search.parallel`), booting from now on; hand them to `optimize_graph`."""
-    return parallel.start_workers((cost, options, search_rules(options)), options)
+    return parallel.start_workers((cost, options, search_rules(options), objective), options)
 
 
 def initial_state(
@@ -151,7 +151,7 @@ def optimize_graph(
     are started here."""
     options = options if options is not None else SearchOptions()
     if workers is None and options.workers > 1:
-        workers = start_search_workers(cost, options)
+        workers = start_search_workers(cost, options, objective)
     search = _Search.start(graph, cost, objective, options, on_improvement, workers)
     try:
         for warm in warm_starts:
@@ -272,7 +272,8 @@ class _Search:
             ctx = RuleContext(
                 state.graph, state.order, state.sim, state.frozen, self.options.hotspots_only
             )
-            moves = self.evaluator.moves(state, self.rules, ctx)
+            wants = self.objective.wants_memory(state)
+            moves = self.evaluator.moves(state, self.rules, ctx, wants)
         evaluated = 0
         for name, make_child in moves:
             if self.out_of_budget():

@@ -50,7 +50,9 @@ def order_without_solving(old_order: Sequence[int], result: Rewritten) -> list[i
         order = list(result.order)
         return order if result.graph.is_valid_schedule(order) else None
     if result.anchor is not None:
-        return _place_at_anchor(old_order, result)
+        return _place_at_anchors(old_order, result, ((result.anchor, sorted(result.added)),))
+    if result.placements:
+        return _place_at_anchors(old_order, result, result.placements)
     if result.in_place_of:
         return _place_in_place_of(old_order, result)
     if result.added:
@@ -94,13 +96,20 @@ def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int]
     return _deferred_if_valid(result.graph, order, result.added, result.touched)
 
 
-def _place_at_anchor(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
-    """The old order with the added nodes right before the anchor (then `_defer_writers`);
-    None when that order is not valid."""
-    order = _without(old_order, result.removed)
-    at = order.index(result.anchor)
+def _place_at_anchors(
+    old_order: Sequence[int], result: Rewritten, placements: Iterable[tuple[int, Sequence[int]]]
+) -> list[int] | None:
+    """The old order with each group of added nodes right before its anchor (then
+    `_defer_writers`); None when that order is not valid."""
+    before: dict[int, list[int]] = {}
+    for anchor, nodes in placements:
+        before.setdefault(anchor, []).extend(nodes)
+    order = []
+    for n in old_order:
+        order.extend(before.get(n, ()))
+        if n not in result.removed:
+            order.append(n)
     added = sorted(result.added)
-    order[at:at] = added
     return _deferred_if_valid(result.graph, order, added, added)
 
 

@@ -72,6 +72,11 @@ class Objective:
             return (0, s.latency, s.memory) if self.satisfied(s) else (1, s.memory, s.latency)
         return (0, s.memory, s.latency) if self.satisfied(s) else (1, s.latency, s.memory)
 
+    def wants_memory(self, s: MState) -> bool:
+        """Whether memory is what ranks `s` first (a latency limit it meets, or a memory limit
+        it misses): then the moves that save memory are the ones to try first."""
+        return (self.mode is Mode.LATENCY_LIMIT) == self.satisfied(s)
+
     def better(self, a: MState, b: MState) -> bool:
         return self.key(a) < self.key(b)
 

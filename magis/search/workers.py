@@ -230,9 +230,10 @@ class ChildWorker:
     """One worker: the states it holds, each popped state's move stream, its evaluator."""
 
     def __init__(self, wid: int, setup: bytes) -> None:
-        cost, options, rules = loads(setup)  # the rules in the search's order (its seed's)
+        cost, options, rules, objective = loads(setup)  # the rules in the search's order
         self.wid = wid
         self.rules = rules
+        self.objective = objective
         self.hotspots_only = options.hotspots_only
         self.evaluator = _MirrorEvaluator(cost, options.memory_figure, seen_trees=_TreeKeys())
         self.states: dict[Sid, MState] = {}
@@ -312,7 +313,8 @@ class ChildWorker:
     def _stream(self, sid: Sid) -> Iterator:
         state = self.states[sid]
         ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, self.hotspots_only)
-        return self.evaluator.moves(state, self.rules, ctx)
+        wants = self.objective.wants_memory(state)
+        return self.evaluator.moves(state, self.rules, ctx, wants)
 
     def state(self, sid: Sid) -> bytes:
         return dumps(self.states[sid])

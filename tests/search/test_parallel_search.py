@@ -79,7 +79,8 @@ def test_a_worker_reanalyses_the_state_it_holds_as_the_main_process_would():
     graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
     state = initial_state(graph, cost, fission=False)
     options = SearchOptions(time_budget=600, max_states=MAX_STATES)
-    worker = ChildWorker(0, dumps((cost, options, ())))
+    objective = Objective(Mode.LATENCY_LIMIT, 1.1 * state.latency)
+    worker = ChildWorker(0, dumps((cost, options, (), objective)))
     worker.evaluate(Task((-1, 1), 0, dumps(state), (), (), ()))  # it now holds the state
     assert worker.hotspot_key((-1, 1)) == hotspot_key(state.sim.hotspots)
 

@@ -1,0 +1,76 @@
+"""One memory rewrite applied to every hot storage of a repeated layer at once.
+
+A model is mostly a stack of identical layers, so the tensors at its peak come in kinds: T5's
+peak holds twelve (8, 12, 512, 512) softmax outputs and twelve (16, 512, 3072) ReLU outputs,
+one of each per layer. Re-materializing or swapping them one per search state takes a popped
+state, a child's schedule and a simulation for each, and on a graph of 7,000 nodes the search
+affords a few states per second. So re-materialization and swapping also offer, for each kind
+of hot storage several of them share (the producer's op, shape and dtype), the rewrite of all
+of them in one child; the one-storage rewrites stay, for when the whole group is too slow for
+a latency limit. (MAGIS §5.2 defines the rewrites on one tensor; grouping them is ours.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from magis.ir import Graph, Ref
+from magis.rules.base import Rewrite, Rewritten, RuleContext, RuleKind
+
+MIN_GROUP = 3  # fewer repeats than this are left to the one-storage rewrites
+MAX_GROUPS = 2  # kinds offered per state, largest total first
+
+
+def signature(graph: Graph, storage: Ref) -> tuple:
+    """What makes two hot storages the same kind: their producer's op, shape and dtype."""
+    meta = graph.meta(storage)
+    return (graph.node(storage.node).op, tuple(meta.shape), meta.dtype)
+
+
+def repeated_groups(graph: Graph, reads: Iterable[Any]) -> list[list[Any]]:
+    """The late reads (`remat.LateReads`) grouped by their storage's kind, in the order
+    given within a group; groups of at least `MIN_GROUP`, the largest total first."""
+    groups: dict[tuple, list[Any]] = {}
+    for r in reads:
+        groups.setdefault(signature(graph, r.storage), []).append(r)
+    found = [g for g in groups.values() if len(g) >= MIN_GROUP]
+    nbytes = graph.storages().nbytes
+    return sorted(found, key=lambda g: -sum(nbytes[r.storage] for r in g))[:MAX_GROUPS]
+
+
+def apply_to_all(
+    graph: Graph, reads: list[Any], edit: Callable[[Graph, Any], set[int]]
+) -> Rewritten:
+    """`edit` (a one-storage rewrite made in place) applied to each of `reads` on one copy of
+    `graph`; each storage's new nodes are placed right before its first late reader."""
+    g = graph.copy()
+    changed: set[int] = set()
+    placements = []
+    for r in reads:
+        before = g.next_id
+        changed |= edit(g, r)
+        placements.append((r.readers[0], tuple(n for n in range(before, g.next_id) if n in g)))
+    added = g.added_since(graph)
+    return Rewritten(g, added, frozenset(changed - added), placements=tuple(placements))
+
+
+def repeated_rewrites(
+    ctx: RuleContext,
+    rule: str,
+    kind: RuleKind,
+    verb: str,
+    reads: Iterable[Any],
+    edit: Callable[[Graph, Any], set[int]],
+) -> Iterator[Rewrite]:
+    """One rewrite per repeated kind of hot storage among `reads` (every hot storage's late
+    reads the rule accepts, uncapped), applying `edit` to all of that kind."""
+    graph = ctx.graph
+    for group in repeated_groups(graph, reads):
+        first = graph.node(group[0].storage.node).name
+        yield Rewrite(
+            rule,
+            kind,
+            f"{verb} {first} and the {len(group) - 1} hot tensors like it (same op and shape)",
+            lambda g=group: apply_to_all(graph, g, edit),
+        )
