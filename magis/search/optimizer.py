@@ -46,7 +46,7 @@ from magis.search.decisions import Decision
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.hashing import wl_hash
 from magis.search.options import MemoryFigure, SearchOptions
-from magis.search.queue import QueueOrder, SearchQueue
+from magis.search.queue import WARM_START_PREFIX, QueueOrder, SearchQueue
 from magis.search.state import MState, Objective
 
 
@@ -246,7 +246,7 @@ class _Search:
             order,
             sim,
             wl_hash(warm.graph),
-            (f"warm-start:{warm.name}",),
+            (f"{WARM_START_PREFIX}{warm.name}",),
             decisions=(start,),
         )
         if not self.evaluator.is_new(state.hash.value):
@@ -255,7 +255,7 @@ class _Search:
         self.queue.push(state)
         if self.objective.better(state, self.best):
             self.best = state
-            self._improvement(f"warm-start:{warm.name}")
+            self._improvement(f"{WARM_START_PREFIX}{warm.name}")
 
     def out_of_budget(self) -> bool:
         return self.budget.exhausted(self.stats.states_explored, self.best.nodes)

@@ -50,6 +50,32 @@ def test_objective_ranks_satisfying_states_first():
     assert lat.better(S(50, 0.9), S(100, 0.5))
 
 
+def test_a_warm_start_above_the_cap_waits_for_it():
+    """A baseline's plan that meets the memory limit at a high latency is not the first state
+    expanded and does not tighten the cap (the cheap lines go first); once the cap rises to
+    it, the cap tightens below it."""
+    from dataclasses import dataclass
+
+    from magis.search.queue import CAP_WINDOW, WARM_START_PREFIX, QueueOrder
+
+    @dataclass
+    class S:
+        memory: int
+        latency: float
+        history: tuple = ()
+
+    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
+    order.observe(S(100, 1.0), 0.0)
+    warm = S(38, 1.06, (f"{WARM_START_PREFIX}xla-remat",))
+    assert not order.observe(warm, 0.0) and not order.tightening
+    cheap = S(90, 1.01)
+    assert order.key(cheap) < order.key(warm)
+    found = S(38, 1.06, (f"{WARM_START_PREFIX}xla-remat", "remat"))  # the search's own
+    assert order.key(found) < order.key(cheap)
+    raises = [order.observe(S(90, 1.0), k * 1.5 * CAP_WINDOW) for k in range(1, 4)]
+    assert any(raises) and order.tightening and order.cap < warm.latency
+
+
 def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     from dataclasses import dataclass
 
