@@ -354,9 +354,20 @@ class WorkerError(RuntimeError):
     """A worker raised while evaluating a move (the traceback is in the message)."""
 
 
+class UnguardedMainError(MagisError):
+    """A search with workers was started by a worker process while it started up."""
+
+
 def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
     """`n` worker processes on this machine, forked from a clean forkserver process (forking
     one that has run torch is unsafe), or spawned where there is none."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # A worker runs the caller's script again as it starts (Python's forkserver and spawn
+        # do): unguarded, that script's search would start workers of its own, and both wait.
+        raise UnguardedMainError(
+            "a search with workers > 1 was started while a worker process was starting: put "
+            'the script\'s top-level code under `if __name__ == "__main__":`'
+        )
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
@@ -396,12 +407,23 @@ class LocalWorkers:
 
     def submit(self, wid: int, method: str, arg: Any) -> None:
         self._started()
-        self.conns[wid].send((method, arg))
+        try:
+            self.conns[wid].send((method, arg))
+        except OSError:
+            raise self._gone(wid) from None
+
+    def _gone(self, wid: int) -> WorkerError:
+        self.processes[wid].join(timeout=1)
+        code = self.processes[wid].exitcode
+        return WorkerError(f"worker {wid} exited (code {code}); its error, if any, is above")
 
     def next_reply(self, busy: set[int]) -> tuple[int, Any]:
         ready = wait([self.conns[w] for w in sorted(busy)])
         wid = self.conns.index(ready[0])
-        status, value = self.conns[wid].recv()
+        try:
+            status, value = self.conns[wid].recv()
+        except (EOFError, OSError):
+            raise self._gone(wid) from None
         if status == "error":
             raise WorkerError(f"worker {wid} failed:\n{value}")
         return wid, value

@@ -128,3 +128,27 @@ def test_a_rewrite_that_raises_is_dropped_counted_and_warned_about(monkeypatch):
     with pytest.warns(MagisWarning, match=f"a {name} child could not be built"):
         assert make_child() is None
     assert evaluator.stats.failed_children[name] == 1
+
+
+def test_an_unguarded_script_with_workers_fails_with_a_message_instead_of_hanging(tmp_path):
+    """A worker runs the caller's script again as it starts (forkserver, spawn): a script
+    without a `__main__` guard would start a search with workers inside the worker, and both
+    processes waited for ever. Now the worker's search refuses to start, with the fix in one
+    line, and the caller's search ends with an error."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import torch, magis\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))\n"
+        "x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))\n"
+        "magis.optimize(m, (x, y), loss_fn=lambda out, a, b: torch.nn.functional.cross_entropy(out, b),\n"
+        "               lat_limit=1.1, time_budget=2, workers=2)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert run.returncode != 0
+    assert "UnguardedMainError" in run.stderr and 'if __name__ == "__main__":' in run.stderr
+    assert "WorkerError: worker" in run.stderr
