@@ -47,7 +47,7 @@ def ordered_for(rules: Iterable[Rule], wants_memory: bool) -> list[Rule]:
     """`rules` with those that save what the objective ranks first ahead of the others (in
     their order otherwise): the first children of a state are the ones likely to improve it."""
     rules = list(rules)
-    return sorted(rules, key=lambda r: (r.kind in SAVES_MEMORY) != wants_memory)
+    return sorted(rules, key=lambda r: r.saves_memory != wants_memory)
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,14 @@ class Rule:
     name: str
     kind: RuleKind
     match: Callable[[RuleContext], Iterator[Rewrite]]
+    # Whether its rewrites trade time for memory; None: as its kind does (SAVES_MEMORY). A
+    # TASO substitution may exist for memory: a convolution backward split into dgrad and
+    # wgrad lets the saved input die before the input gradient is allocated.
+    memory_saving: bool | None = None
+
+    @property
+    def saves_memory(self) -> bool:
+        return self.kind in SAVES_MEMORY if self.memory_saving is None else self.memory_saving
 
 
 def node_rewrites(

@@ -137,11 +137,19 @@ class Evaluator:
         others = [
             (
                 (rw.rule, lambda r=rw: self.child(state, r))
-                for rw in rule.match(ctx if rule.kind is RuleKind.TASO else inside)
+                for rw in self._matches(rule, ctx if rule.kind is RuleKind.TASO else inside)
             )
             for rule in rules
         ]
         return round_robin([*streams, round_robin(others)])
+
+    def _matches(self, rule: Rule, ctx: RuleContext) -> Iterator[Rewrite]:
+        """The rule's rewrites; a rule that raises while it matches offers no more on this
+        state, and is counted and warned about as a failed child is (`failed`)."""
+        try:
+            yield from rule.match(ctx)
+        except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
+            self.failed(rule.name, exc)
 
     def fission_child(self, state: MState, build_tree, name: str) -> MState | None:
         """Materialize the mutated F-Tree on the lineage's base graph: its program order is the

@@ -168,6 +168,34 @@ def test_split_strided_conv_backward_puts_the_dropped_rows_back(size):
     assert res.graph.node(dgrad).args[7] == [1 - size % 2] * 2
 
 
+def test_split_conv_backward_of_a_convolution_with_one_padding_for_all_dims():
+    """ATen takes one padding for every spatial dimension (EfficientNet's strided depthwise
+    convolutions are captured with padding [0]): the rule read it per dimension and crashed
+    the search on EfficientNet-B0."""
+
+    class SamePadded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 3, 1)  # so that the input gradient is needed
+            self.conv = torch.nn.Conv2d(3, 3, 3, stride=2, groups=3)
+            self.head = torch.nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            y = torch.nn.functional.pad(self.stem(x), (0, 1, 0, 1))
+            w, b = self.conv.weight, self.conv.bias
+            y = torch.ops.aten.convolution(y, w, b, [2, 2], [0], [1, 1], False, [0, 0], 3)
+            return self.head(y)
+
+    model = SamePadded().double()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean())
+    assert any(
+        n.op == "aten.convolution_backward.default" and list(n.args[5]) == [0]
+        for n in map(step.graph.node, step.graph.nodes)
+    )
+    _apply_and_verify(step, SPLIT_CONV_BACKWARD)
+
+
 def test_split_conv_output_by_its_channel_slices_and_merge_back():
     """U-Net++'s concatenations: the input gradient of a convolution over a concatenation is
     read in channel slices. Split by them, no convolution allocates the whole gradient; every

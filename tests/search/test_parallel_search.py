@@ -130,6 +130,29 @@ def test_a_rewrite_that_raises_is_dropped_counted_and_warned_about(monkeypatch):
     assert evaluator.stats.failed_children[name] == 1
 
 
+def test_a_rule_that_raises_while_it_matches_offers_no_more_and_the_others_go_on():
+    """A rule's match that raises (split_conv_backward on EfficientNet-B0's one-entry padding
+    once did, in a worker, and ended both searches on it) ends that rule's moves on the
+    state only: counted, warned about, and the other rules' moves still come."""
+    from magis.errors import MagisWarning
+    from magis.rules import REMAT, Rule, RuleContext, RuleKind
+    from magis.search import Evaluator, initial_state
+
+    def broken(ctx):
+        yield from list(REMAT.match(ctx))[:1]
+        raise ValueError("zip() argument 5 is shorter than arguments 1-4")
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    state = initial_state(graph, cost, fission=False)
+    evaluator = Evaluator(cost, SearchOptions().memory_figure)
+    ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, True)
+    rules = (Rule("broken", RuleKind.REMAT, broken), REMAT)
+    with pytest.warns(MagisWarning, match="a broken child could not be built"):
+        names = [name for name, _ in evaluator.moves(state, rules, ctx)]
+    assert len(names) == 1 + len(list(REMAT.match(ctx)))  # its one, then all of REMAT's
+    assert evaluator.stats.failed_children["broken"] == 1
+
+
 def test_an_unguarded_script_with_workers_fails_with_a_message_instead_of_hanging(tmp_path):
     """A worker runs the caller's script again as it starts (forkserver, spawn): a script
     without a `__main__` guard would start a search with workers inside the worker, and both

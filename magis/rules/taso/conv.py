@@ -20,6 +20,7 @@ dual folds that copy away again. A gradient in any other non-contiguous layout i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import torch
 
@@ -62,13 +63,26 @@ def _dgrad_output_padding(graph: Graph, nid: int) -> list[int] | None:
     if transposed:
         return None
     shapes = graph.meta(gy).shape[2:], graph.meta(x).shape[2:], graph.meta(w).shape[2:]
+    params = [_per_dim(v, len(shapes[0])) for v in (stride, padding, dilation)]
+    if any(v is None for v in params):
+        return None
     pads = []
-    for out, size, k, s, p, d in zip(*shapes, stride, padding, dilation, strict=True):
+    for out, size, k, s, p, d in zip(*shapes, *params, strict=True):
         pad = size - ((out - 1) * s - 2 * p + d * (k - 1) + 1)
         if not 0 <= pad < max(s, d):
             return None
         pads.append(pad)
     return pads
+
+
+def _per_dim(value, dims: int) -> list[int] | None:
+    """A convolution's stride, padding or dilation with one entry per spatial dimension (ATen
+    takes one entry for all of them: EfficientNet's strided depthwise convolutions have padding [0]),
+    or None when it has neither."""
+    value = list(value) if isinstance(value, list | tuple) else [value]
+    if len(value) == 1:
+        return value * dims
+    return value if len(value) == dims else None
 
 
 def _splittable_conv_backward(graph: Graph, nid: int) -> bool:
@@ -224,12 +238,17 @@ def dgrad_wgrad_pairs(ctx: RuleContext) -> list[list[tuple[int, int]]]:
     return [pairs] if pairs else []
 
 
-SPLIT_CONV_BACKWARD = group_rule(
-    "split_conv_backward",
-    RuleKind.TASO,
-    find=splittable_conv_backwards,
-    build=split_conv_backward,
-    describe=lambda graph, nids: f"split {len(nids)} convolution backwards into dgrad and wgrad",
+SPLIT_CONV_BACKWARD = replace(
+    group_rule(
+        "split_conv_backward",
+        RuleKind.TASO,
+        find=splittable_conv_backwards,
+        build=split_conv_backward,
+        describe=lambda graph, nids: (
+            f"split {len(nids)} convolution backwards into dgrad and wgrad"
+        ),
+    ),
+    memory_saving=True,  # the search tries it with the memory rules
 )
 MERGE_CONV_BACKWARD = group_rule(
     "merge_conv_backward",
