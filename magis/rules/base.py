@@ -46,7 +46,6 @@ SAVES_MEMORY = frozenset({RuleKind.REMAT, RuleKind.SWAP, RuleKind.COMPACT})
 def ordered_for(rules: Iterable[Rule], wants_memory: bool) -> list[Rule]:
     """`rules` with those that save what the objective ranks first ahead of the others (in
     their order otherwise): the first children of a state are the ones likely to improve it."""
-    rules = list(rules)
     return sorted(rules, key=lambda r: r.saves_memory != wants_memory)
 
 

@@ -124,7 +124,7 @@ def recompute(graph: Graph, reads: LateReads) -> Rewritten:
 
 
 MAX_CHAIN = 4  # nodes a segment recomputation may re-run
-ALL = 512  # candidates read for the repeated kinds' groups (which need every member)
+GROUP_CANDIDATES = 512  # candidates read for the repeated kinds' groups (which need every member)
 
 
 def recompute_chain(ctx: RuleContext, reads: LateReads) -> tuple[int, ...]:
@@ -244,7 +244,7 @@ def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
         return recompute_call(graph, s.node) is not None
 
     yield from repeated_rewrites(
-        ctx, "remat", RuleKind.REMAT, "recompute", hot_late_reads(ctx, eligible, ALL),
+        ctx, "remat", RuleKind.REMAT, "recompute", hot_late_reads(ctx, eligible, GROUP_CANDIDATES),
         lambda g, reads: recompute_segment_into(g, reads, recompute_chain(ctx, reads)),
     )  # fmt: skip
     for reads in hot_late_reads(ctx, eligible):

@@ -15,7 +15,13 @@ from collections.abc import Iterator
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rule
-from magis.rules.remat import ALL, LateReads, hot_late_reads, merge_into, redirect_late_reads
+from magis.rules.remat import (
+    GROUP_CANDIDATES,
+    LateReads,
+    hot_late_reads,
+    merge_into,
+    redirect_late_reads,
+)
 from magis.rules.repeated import repeated_rewrites
 
 
@@ -66,7 +72,7 @@ def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
     """Each kind of hot storage a repeated layer holds many of, swapped at once
     (`repeated.py`), then one rewrite per hot storage."""
     graph = ctx.graph
-    every = hot_late_reads(ctx, lambda v: _swappable(graph, v), ALL)
+    every = hot_late_reads(ctx, lambda v: _swappable(graph, v), GROUP_CANDIDATES)
     yield from repeated_rewrites(ctx, "swap", RuleKind.SWAP, "swap", every, swap_into)
     for reads in _swappable_late_reads(ctx):
         yield Rewrite(

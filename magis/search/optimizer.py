@@ -99,7 +99,8 @@ class SearchResult:
 
 def start_search_workers(cost: CostModel, options: SearchOptions, objective: Objective) -> Any:
     """The `options.workers` worker processes (or Ray actors) of a search with these options
-    (`magis.search.parallel`), booting from now on; hand them to `optimize_graph`."""
+    (`magis.search.parallel`), booting from now on; hand them to `optimize_graph`. They
+    order each state's moves by what `objective` needs, as the serial search does."""
     return parallel.start_workers((cost, options, search_rules(options), objective), options)
 
 

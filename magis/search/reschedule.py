@@ -87,12 +87,8 @@ def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int]
     """The old order with each group of new nodes where the first of the nodes it replaces
     ran (then `_defer_writers`); None when that order is not valid."""
     pos = _positions(old_order)
-    spots = {min(olds, key=pos.__getitem__): news for olds, news in result.in_place_of}
-    order = []
-    for n in old_order:
-        order.extend(spots.get(n, ()))
-        if n not in result.removed:
-            order.append(n)
+    spots = {min(olds, key=pos.__getitem__): list(news) for olds, news in result.in_place_of}
+    order = _inserted(old_order, spots, result.removed)
     return _deferred_if_valid(result.graph, order, result.added, result.touched)
 
 
@@ -104,13 +100,19 @@ def _place_at_anchors(
     before: dict[int, list[int]] = {}
     for anchor, nodes in placements:
         before.setdefault(anchor, []).extend(nodes)
+    order = _inserted(old_order, before, result.removed)
+    added = sorted(result.added)
+    return _deferred_if_valid(result.graph, order, added, added)
+
+
+def _inserted(old_order: Sequence[int], before: dict[int, list[int]], removed) -> list[int]:
+    """The old order without `removed`, with `before[n]` inserted right before each n."""
     order = []
     for n in old_order:
         order.extend(before.get(n, ()))
-        if n not in result.removed:
+        if n not in removed:
             order.append(n)
-    added = sorted(result.added)
-    return _deferred_if_valid(result.graph, order, added, added)
+    return order
 
 
 def _deferred_if_valid(graph: Graph, order: list[int], added, check) -> list[int] | None:

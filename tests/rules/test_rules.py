@@ -31,6 +31,7 @@ from magis.rules import (
 from magis.rules.remat import MAX_CHAIN
 from magis.schedule.swaps import time_swaps
 from magis.search.hashing import wl_hash, wl_hash_incremental
+from magis.search.reschedule import order_without_solving
 from magis.sim import simulate
 
 
@@ -60,9 +61,13 @@ def test_rule_and_its_dual_preserve_meaning(bert_tiny, rule, dual):
     order = list(graph.program_order())
     rewrites = list(rule.match(_context(graph, order, cost)))
     assert rewrites, f"{rule.name} found nothing to do on bert-base:tiny"
+    # a repeated kind (one per layer) in one rewrite, checked below as every rewrite is
+    assert any("hot tensors like it" in rw.description for rw in rewrites)
     for rw in rewrites:
         res = rw.build()
         res.graph.verify()
+        placed = order_without_solving(order, res)  # the search's placement: its hint
+        assert placed is not None and res.graph.is_valid_schedule(placed), rw.description
         new_order = place_after_inputs(res.graph, order, res.added)
         new_order = time_swaps(res.graph, new_order, cost)
         assert res.graph.is_valid_schedule(new_order)
