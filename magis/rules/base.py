@@ -153,6 +153,7 @@ def node_rule(
     build: Callable[[Graph, int], Rewritten],
     describe: Callable[[Graph, int], str] | None = None,
     order: Callable[[RuleContext], Iterable[int]] | None = None,
+    memory_saving: bool | None = None,
 ) -> Rule:
     """A rule with one rewrite per node of the graph that `accepts(graph, node)` (see
     `node_rewrites`), built by `build(graph, node)`, described by `describe(graph, node)`
@@ -175,7 +176,7 @@ def node_rule(
             nodes=None if order is None else order(ctx),
         )
 
-    return Rule(name, kind, match)
+    return Rule(name, kind, match, memory_saving)
 
 
 def group_rule(
@@ -184,6 +185,7 @@ def group_rule(
     find: Callable[[RuleContext], Iterable[G]],
     build: Callable[[Graph, G], Rewritten],
     describe: Callable[[Graph, G], str],
+    memory_saving: bool | None = None,
 ) -> Rule:
     """A rule with one rewrite per group `find(ctx)` yields (parallel matmuls, pairs of
     convolution backwards, a hot storage's late reads ...), built by `build(graph, group)`.
@@ -194,7 +196,7 @@ def group_rule(
         for group in find(ctx):
             yield Rewrite(name, kind, describe(graph, group), lambda g=group: build(graph, g))
 
-    return Rule(name, kind, match)
+    return Rule(name, kind, match, memory_saving)
 
 
 def candidates(rules: Iterable[Rule], ctx: RuleContext) -> Iterator[Rewrite]:

@@ -20,7 +20,6 @@ dual folds that copy away again. A gradient in any other non-contiguous layout i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 
 import torch
 
@@ -238,16 +237,12 @@ def dgrad_wgrad_pairs(ctx: RuleContext) -> list[list[tuple[int, int]]]:
     return [pairs] if pairs else []
 
 
-SPLIT_CONV_BACKWARD = replace(
-    group_rule(
-        "split_conv_backward",
-        RuleKind.TASO,
-        find=splittable_conv_backwards,
-        build=split_conv_backward,
-        describe=lambda graph, nids: (
-            f"split {len(nids)} convolution backwards into dgrad and wgrad"
-        ),
-    ),
+SPLIT_CONV_BACKWARD = group_rule(
+    "split_conv_backward",
+    RuleKind.TASO,
+    find=splittable_conv_backwards,
+    build=split_conv_backward,
+    describe=lambda graph, nids: f"split {len(nids)} convolution backwards into dgrad and wgrad",
     memory_saving=True,  # the search tries it with the memory rules
 )
 MERGE_CONV_BACKWARD = group_rule(

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 
 from magis.ir import Graph, Ref, TensorMeta
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
@@ -320,15 +319,13 @@ def _sliced_weight_convs(ctx: RuleContext) -> list[list[int]]:
     return sliced_weight_convs(ctx.graph, ctx.order, ctx.frozen)
 
 
-SPLIT_CONV_OUTPUT = replace(
-    node_rule(
-        "split_conv_output",
-        RuleKind.TASO,
-        accepts=lambda graph, n: channel_sliced_conv(graph, n) is not None,
-        build=split_conv_output,
-        describe=lambda graph, n: f"split {graph.node(n).name} by its channel slices",
-        order=lambda ctx: largest_first(ctx, CONVOLUTION),
-    ),
+SPLIT_CONV_OUTPUT = node_rule(
+    "split_conv_output",
+    RuleKind.TASO,
+    accepts=lambda graph, n: channel_sliced_conv(graph, n) is not None,
+    build=split_conv_output,
+    describe=lambda graph, n: f"split {graph.node(n).name} by its channel slices",
+    order=lambda ctx: largest_first(ctx, CONVOLUTION),
     memory_saving=True,  # the search tries it with the memory rules
 )
 MERGE_CONV_OUTPUT = group_rule(
@@ -338,15 +335,13 @@ MERGE_CONV_OUTPUT = group_rule(
     build=merge_conv_output,
     describe=lambda graph, convs: f"merge {len(convs)} convolutions by slices of one weight",
 )
-SPLIT_WGRAD_OF_CAT = replace(
-    node_rule(
-        "split_wgrad_of_cat",
-        RuleKind.TASO,
-        accepts=lambda graph, n: wgrad_of_cat(graph, n) is not None,
-        build=split_wgrad_of_cat,
-        describe=lambda graph, n: f"split {graph.node(n).name} by the parts of its input",
-        order=lambda ctx: largest_first(ctx, CONV_BACKWARD),
-    ),
+SPLIT_WGRAD_OF_CAT = node_rule(
+    "split_wgrad_of_cat",
+    RuleKind.TASO,
+    accepts=lambda graph, n: wgrad_of_cat(graph, n) is not None,
+    build=split_wgrad_of_cat,
+    describe=lambda graph, n: f"split {graph.node(n).name} by the parts of its input",
+    order=lambda ctx: largest_first(ctx, CONV_BACKWARD),
     memory_saving=True,  # the search tries it with the memory rules
 )
 MERGE_WGRADS_OF_CAT = node_rule(
