@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.repeated import repeated_rewrites
+from magis.rules.repeated import grouped_by_kind, repeated_rewrites
 
 
 def recomputable(graph: Graph, nid: int) -> bool:
@@ -333,10 +333,11 @@ def merge_duplicate(graph: Graph, keep: int, drop: int) -> Rewritten:
     return Rewritten(g, frozenset(), frozenset(changed), frozenset(removed))
 
 
-def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
+def _duplicates(ctx: RuleContext) -> Iterator[tuple[int, int]]:
+    """(keep, drop) pairs in schedule order: a non-view node outside frozen regions computing
+    what an earlier one does (a recomputed copy, mostly), and the earliest such node."""
     graph = ctx.graph
     first: dict = {}
-    emitted = 0
     for nid in ctx.order:
         if nid in ctx.frozen or recompute_call(graph, nid) is None or graph.info(nid).is_view:
             continue
@@ -344,17 +345,65 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
         if key is None:
             continue
         keep = first.setdefault(key, nid)
-        if keep == nid:
+        if keep != nid:
+            yield keep, nid
+
+
+def merge_all_duplicates(graph: Graph, pairs: list[tuple[int, int]], order) -> Rewritten:
+    """A new graph with every (keep, drop) of `pairs` merged, and then every node that became
+    a duplicate of another by those merges (the rest of a recomputed segment, whose copies
+    read the merged copy) merged too, the earlier in `order` kept."""
+    g = graph.copy()
+    pos = {n: i for i, n in enumerate(order)}
+    changed: set[int] = set()
+    removed: set[int] = set()
+    work = list(pairs)
+    while work:
+        keep, drop = work.pop()
+        if keep not in g or drop not in g:
             continue
+        c, r = merge_into(g, keep, drop)
+        changed |= c
+        removed |= r
+        work.extend(p for u in c if u in g and (p := _duplicate_of(g, u, pos)) is not None)
+    return Rewritten(g, frozenset(), frozenset(changed - removed), frozenset(removed))
+
+
+def _duplicate_of(g: Graph, nid: int, pos: dict[int, int]) -> tuple[int, int] | None:
+    """(keep, drop) for `nid` and a node reading the same inputs that computes the same thing,
+    the earlier kept; None when there is none."""
+    if recompute_call(g, nid) is None:
+        return None
+    key = _duplicate_key(g, nid)
+    if key is None:
+        return None
+    siblings = {u for r in g.node(nid).inputs for u in g.users(r.node)} - {nid}
+    for u in sorted(siblings, key=lambda n: pos.get(n, len(pos) + n)):
+        if recompute_call(g, u) is not None and _duplicate_key(g, u) == key:
+            return (u, nid) if pos.get(u, len(pos) + u) < pos.get(nid, len(pos) + nid) else (nid, u)
+    return None
+
+
+def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
+    """For each repeated kind of recomputed copy, every copy of that kind merged back at once
+    (with the rest of its segment); then one rewrite per copy."""
+    graph = ctx.graph
+    pairs = list(_duplicates(ctx))
+    for group in grouped_by_kind(graph, pairs, lambda p: Ref(p[1], 0)):
+        name = graph.node(group[0][0]).name
         yield Rewrite(
             "deremat",
             RuleKind.DEREMAT,
-            f"merge {graph.node(nid).name} into {graph.node(keep).name}",
-            lambda k=keep, d=nid: merge_duplicate(graph, k, d),
+            f"merge the {len(group)} recomputed copies like {name}'s back",
+            lambda grp=group: merge_all_duplicates(graph, grp, ctx.order),
         )
-        emitted += 1
-        if emitted >= ctx.max_candidates:
-            return
+    for keep, drop in pairs[: ctx.max_candidates]:
+        yield Rewrite(
+            "deremat",
+            RuleKind.DEREMAT,
+            f"merge {graph.node(drop).name} into {graph.node(keep).name}",
+            lambda k=keep, d=drop: merge_duplicate(graph, k, d),
+        )
 
 
 REMAT = Rule("remat", RuleKind.REMAT, _match_remat)

@@ -31,12 +31,20 @@ def signature(graph: Graph, storage: Ref) -> tuple:
 def repeated_groups(graph: Graph, reads: Iterable[Any]) -> list[list[Any]]:
     """The late reads (`remat.LateReads`) grouped by their storage's kind, in the order
     given within a group; groups of at least `MIN_GROUP`, the largest total first."""
+    return grouped_by_kind(graph, reads, lambda r: r.storage)
+
+
+def grouped_by_kind(graph: Graph, items: Iterable[Any], value: Callable[[Any], Ref]) -> list[list]:
+    """`items` grouped by the kind (`signature`) of the value `value(item)` names, in the order
+    given within a group; groups of at least `MIN_GROUP`, the most bytes first, at most
+    `MAX_GROUPS`. The duals group their undos this way: the recomputed copies (or the loads)
+    of one repeated kind go back in one rewrite, as they came."""
     groups: dict[tuple, list[Any]] = {}
-    for r in reads:
-        groups.setdefault(signature(graph, r.storage), []).append(r)
+    for item in items:
+        groups.setdefault(signature(graph, value(item)), []).append(item)
     found = [g for g in groups.values() if len(g) >= MIN_GROUP]
     nbytes = graph.storages().nbytes
-    return sorted(found, key=lambda g: -sum(nbytes[r.storage] for r in g))[:MAX_GROUPS]
+    return sorted(found, key=lambda g: -sum(nbytes.get(value(i), 0) for i in g))[:MAX_GROUPS]
 
 
 def apply_to_all(

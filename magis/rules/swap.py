@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
-from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind, node_rule
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
 from magis.rules.remat import (
     GROUP_CANDIDATES,
     LateReads,
@@ -22,7 +22,7 @@ from magis.rules.remat import (
     merge_into,
     redirect_late_reads,
 )
-from magis.rules.repeated import repeated_rewrites
+from magis.rules.repeated import grouped_by_kind, repeated_rewrites
 
 
 def swap(graph: Graph, reads: LateReads) -> Rewritten:
@@ -44,14 +44,51 @@ def swap_into(g: Graph, reads: LateReads) -> set[int]:
 
 def unswap(graph: Graph, load: int) -> Rewritten:
     """Readers of the Load read the original tensor again; the Store goes when nothing needs it."""
+    return unswap_all(graph, [load])
+
+
+def unswap_all(graph: Graph, loads: list[int]) -> Rewritten:
+    """`unswap` of every Load of `loads`, on one copy of the graph."""
     g = graph.copy()
-    store = g.node(load).inputs[0].node
-    original = g.node(store).inputs[0]
-    changed, removed = merge_into(g, original.node, load, {0: original})
-    if not g.users(store):
-        g.remove_node(store)
-        removed.add(store)
+    changed: set[int] = set()
+    removed: set[int] = set()
+    for load in loads:
+        store = g.node(load).inputs[0].node
+        original = g.node(store).inputs[0]
+        c, r = merge_into(g, original.node, load, {0: original})
+        changed |= c
+        removed |= r
+        if not g.users(store):
+            g.remove_node(store)
+            removed.add(store)
     return Rewritten(g, frozenset(), frozenset(changed - removed), frozenset(removed))
+
+
+def _stored_value(graph: Graph, load: int) -> Ref:
+    """The tensor a Load brings back: what its Store reads."""
+    return graph.node(graph.node(load).inputs[0].node).inputs[0]
+
+
+def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
+    """For each repeated kind of swapped tensor, every swap of that kind dropped at once;
+    then one rewrite per Load."""
+    graph = ctx.graph
+    loads = [n for n in ctx.order if n not in ctx.frozen and graph.node(n).op == LOAD_OP]
+    for group in grouped_by_kind(graph, loads, lambda n: _stored_value(graph, n)):
+        name = graph.node(_stored_value(graph, group[0]).node).name
+        yield Rewrite(
+            "deswap",
+            RuleKind.DESWAP,
+            f"drop the {len(group)} swaps like {name}'s",
+            lambda grp=group: unswap_all(graph, grp),
+        )
+    for load in loads[: ctx.max_candidates]:
+        yield Rewrite(
+            "deswap",
+            RuleKind.DESWAP,
+            f"drop the swap of {graph.node(load).name}",
+            lambda n=load: unswap(graph, n),
+        )
 
 
 def _swappable(graph: Graph, value: Ref) -> bool:
@@ -81,10 +118,4 @@ def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
 
 
 SWAP = Rule("swap", RuleKind.SWAP, _match_swap)
-DESWAP = node_rule(
-    "deswap",
-    RuleKind.DESWAP,
-    accepts=lambda graph, n: graph.node(n).op == LOAD_OP,
-    build=unswap,
-    describe=lambda graph, n: f"drop the swap of {graph.node(n).name}",
-)
+DESWAP = Rule("deswap", RuleKind.DESWAP, _match_deswap)

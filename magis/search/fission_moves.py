@@ -155,27 +155,40 @@ def analyze_timed(graph: Graph, order, max_level: int):
     return found, time.perf_counter() - start
 
 
-_RULE_RANK = {"enable": 0, "mutate": 1, "lift": 2, "disable": 3}
+_RULE_RANK = {"enable": 0, "mutate": 1, "lift": 2, "disable": 3, "coarsen": 4}
+# When time is what ranks a state first, the mutations that give time back lead.
+_TIME_RANK = {"coarsen": 0, "disable": 1, "lift": 2, "enable": 3, "mutate": 4}
 
 
-def moves(tree, limit: int | None = None) -> Iterator[tuple[str, object]]:
+def moves(
+    tree, limit: int | None = None, wants_memory: bool | None = None
+) -> Iterator[tuple[str, object]]:
     """Lazy (description, build-new-tree) pairs: every applicable F-Tree mutation (at most
     `limit`), the most promising first — enabling and splitting further before lifting or
     disabling, and within a kind the tree-nodes of highest score (Eq. 4: the peak reduction an
-    F-Trans promises)."""
-    yield from itertools.islice(_all_moves(tree), limit)
+    F-Trans promises). When the objective wants time, not memory (`wants_memory` False: a
+    memory limit met), splitting in fewer parts and disabling come first, the repeated
+    layers' levels at once before one node at a time."""
+    yield from itertools.islice(_all_moves(tree, wants_memory is False), limit)
 
 
-def _all_moves(tree) -> Iterator[tuple[str, object]]:
+def _all_moves(tree, wants_time: bool) -> Iterator[tuple[str, object]]:
+    ranks = _TIME_RANK if wants_time else _RULE_RANK
 
     def rank(cand) -> tuple:
         kind, index = cand.description.split()
-        return _RULE_RANK.get(kind, len(_RULE_RANK)), -tree.nodes[int(index)].score
+        return ranks.get(kind, len(ranks)), -tree.nodes[int(index)].score
 
-    yield from _direct_moves(tree)
-    yield from _level_moves(tree)
+    if wants_time:
+        yield from _level_moves(tree, (MutationKind.COARSEN,))
+    else:
+        yield from _direct_moves(tree)
+        yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
     for cand in sorted(mutations(tree), key=rank):
         yield cand.description, cand.build
+    if wants_time:  # the large splits last: they cost time
+        yield from _direct_moves(tree)
+        yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
 
 
 REANALYSIS_MOVES = 4
@@ -202,15 +215,16 @@ def _direct_moves(tree) -> Iterator[tuple[str, object]]:
             yield f"enable-direct {i}", lambda i=i, n=n: enable_directly(tree, i, n)
 
 
-def _level_moves(tree) -> Iterator[tuple[str, object]]:
+def _level_moves(tree, kinds: tuple[MutationKind, ...]) -> Iterator[tuple[str, object]]:
     """Macro moves over repeated layers: enable (or split further) every tree-node of one level
     at once, levels of the highest total score first.
 
     A transformer's F-Tree holds one node per layer and level, each worth a small part of the
     peak; one at a time, the 24 layers of gpt-neo-1.3b cost 24 materializations (seconds each)
     before the search sees what splitting them all is worth, and a budget of minutes runs out
-    first. The single-node mutations still follow, to undo or refine."""
-    for kind in (MutationKind.ENABLE, MutationKind.MUTATE):
+    first. The single-node mutations still follow, to undo or refine. `kinds`: the mutations
+    offered so (enabling and splitting further; or splitting in fewer parts)."""
+    for kind in kinds:
         rule = next(r for r in FTREE_MUTATIONS if r.kind is kind)
         by_level: dict[int, list[int]] = {}
         for i in rule.match(tree):

@@ -234,6 +234,11 @@ def test_mutate_rule_steps_to_the_next_divisor():
         t = mut[0].build()
         steps.append(t.nodes[i].n)
     assert steps == [4, 8]
+    back = []  # and down again, never below 2 (that is disabling)
+    while mut := [c for c in mutations(t) if c.description == f"coarsen {i}"]:
+        t = mut[0].build()
+        back.append(t.nodes[i].n)
+    assert back == [4, 2]
 
 
 # --- dimension rules, checked by execution ------------------------------------------------------
