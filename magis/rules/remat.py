@@ -398,12 +398,40 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
             lambda grp=group: merge_all_duplicates(graph, grp, ctx.order),
         )
     for keep, drop in pairs[: ctx.max_candidates]:
+        name, into = graph.node(drop).name, graph.node(keep).name
+        if _readers_alike(graph, keep, drop):  # a recomputed segment: all of it back first
+            yield Rewrite(
+                "deremat",
+                RuleKind.DEREMAT,
+                f"merge {name} and the segment it feeds into {into}'s",
+                lambda k=keep, d=drop: merge_all_duplicates(graph, [(k, d)], ctx.order),
+            )
         yield Rewrite(
             "deremat",
             RuleKind.DEREMAT,
-            f"merge {graph.node(drop).name} into {graph.node(keep).name}",
+            f"merge {name} into {into}",
             lambda k=keep, d=drop: merge_duplicate(graph, k, d),
         )
+
+
+def _readers_alike(graph: Graph, a: int, b: int) -> bool:
+    """Whether a non-view reader of `b` (through views) runs an op a reader of `a` does: then
+    merging b into a may make it a duplicate too (the next node of a recomputed segment).
+    A segment's copies are undone in one rewrite instead of one state each: a warm start
+    from pofo holds DenseNet's recomputed (cat, batch norm, ReLU, convolution) segments."""
+    return bool(_reader_ops(graph, a) & _reader_ops(graph, b))
+
+
+def _reader_ops(graph: Graph, nid: int) -> set[str]:
+    ops: set[str] = set()
+    frontier = list(graph.users(nid))
+    while frontier:
+        u = frontier.pop()
+        if graph.info(u).is_view:
+            frontier.extend(graph.users(u))
+        else:
+            ops.add(graph.node(u).op)
+    return ops
 
 
 REMAT = Rule("remat", RuleKind.REMAT, _match_remat)
