@@ -237,6 +237,30 @@ def test_direct_moves_enable_an_inner_tree_node_at_once_and_verify():
     assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
 
 
+def test_when_time_is_wanted_fewer_parts_come_first_and_verify():
+    """A split in 4: when the objective wants time (a memory limit met) the first F-Tree move
+    splits it in 2 (`coarsen`), which runs and matches eager PyTorch; when it wants memory,
+    coarsening comes after every enable and mutate."""
+    from magis.rules import enable_directly
+    from magis.search import fission_moves
+
+    _, step = workload_step("gpt-neo-1.3b:tiny", dtype=torch.float64)
+    base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    index = next(
+        i for i in fission_moves.directly_enableable(tree) if tree.nodes[i].length % 4 == 0
+    )
+    split4 = enable_directly(tree, index, 4)
+    description, build = next(fission_moves.moves(split4, wants_memory=False))
+    assert description.split()[0].startswith("coarsen"), description
+    coarser = build()
+    assert coarser.nodes[index].n == 2 and coarser.enabled() == [index]
+    done = fission_moves.apply(fission_moves.Lineage(base, base_order, coarser, epoch=0), coarser)
+    check = verify(step, compile_program(done.graph, done.order), step.make_inputs())
+    assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
+    kinds = [d.split()[0] for d, _ in fission_moves.moves(split4, wants_memory=True)]
+    assert set(kinds[kinds.index("coarsen") :]) == {"coarsen"}, kinds
+
+
 def test_reanalysis_splits_hot_entries_and_its_plans_verify():
     """Re-analysis (Alg. 3's F-Tree rebuild on a later state) keeps the state's schedule and
     offers hot dominators split together with their sub-graph; such splits execute and match
