@@ -41,7 +41,7 @@ from torch import nn
 
 from magis.capture.trace import Step, capture_training, loss_of
 from magis.commands.optimize import optimize
-from magis.errors import MagisError, MagisWarning, PlanError
+from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
@@ -155,7 +155,16 @@ def _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad
     graph_opt = GraphOptimizer.of(optimizer, [p for _, p in trainable])
     rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt)
     names = [n for n, _ in trainable]
-    step = _capture(model, optimizer, batch, data, loss_fn, rule, names, device)
+    try:
+        step = _capture(model, optimizer, batch, data, loss_fn, rule, names, device)
+    except CaptureError as exc:
+        if isinstance(example_batch, dict) and not kwargs:  # meant as keyword tensors, mostly
+            raise CaptureError(
+                f"{exc}; the example batch is a dict, passed as one positional argument: for "
+                "keyword tensors (a Hugging Face model's input_ids=, labels=) pass "
+                "example_kwargs= and call train_step(**batch)"
+            ) from exc
+        raise
     return _Prepared(model, optimizer, step, rule, batch, names, device)
 
 

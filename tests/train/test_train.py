@@ -206,6 +206,16 @@ def test_batch_as_keyword_arguments_and_the_models_own_loss(float64):
     assert err <= TOL, where
 
 
+def test_a_dict_batch_that_fails_capture_names_example_kwargs():
+    """A keyword batch given as one dict positional argument fails in the model's forward; the
+    one-line error says to pass it as example_kwargs=."""
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"input_ids": torch.randint(0, 10, (2, 3))}
+    with pytest.raises(CaptureError, match="example_kwargs="):
+        compile(model, opt, batch, loss_fn=lambda m, b: m(b).sum(), lat_limit=1.1, **SEARCH)
+
+
 @pytest.mark.parametrize("planned", [False, True])
 def test_autocast_bf16_runs_the_same_casts(planned):
     """Compiled inside torch.autocast: the forward in bfloat16 as eager autocast runs it, backward
