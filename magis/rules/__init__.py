@@ -36,7 +36,7 @@ from magis.rules.ftree_moves import (
 )
 from magis.rules.mincut_remat import MINCUT_REMAT
 from magis.rules.remat import DEREMAT, REMAT, recompute_call
-from magis.rules.swap import DESWAP, SWAP
+from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
 from magis.rules.taso import TASO_RULES
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "FTREE_MUTATIONS",
     "MINCUT_REMAT",
     "REMAT",
+    "REMAT_TO_SWAP",
     "SWAP",
     "TASO_RULES",
     "FTreeMutation",

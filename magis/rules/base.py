@@ -65,6 +65,11 @@ class RuleContext:
     hotspots_only: bool = True
     max_candidates: int = 16
 
+    # What several rules derive from one state and would otherwise each rebuild (the
+    # recomputed copies: re-materialization's dual and the swap trade both read them). Not an
+    # init field, so `dataclasses.replace` (another `frozen`) starts an empty one.
+    memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
     @cached_property
     def position(self) -> dict[int, int]:
         """Node -> step of `order`; built once per context (every hot storage's candidate

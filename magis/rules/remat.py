@@ -333,13 +333,19 @@ def merge_duplicate(graph: Graph, keep: int, drop: int) -> Rewritten:
     return Rewritten(g, frozenset(), frozenset(changed), frozenset(removed))
 
 
-def _duplicates(ctx: RuleContext) -> Iterator[tuple[int, int]]:
+def recomputed_pairs(ctx: RuleContext) -> list[tuple[int, int]]:
     """(keep, drop) pairs in schedule order: a non-view node outside frozen regions computing
-    what an earlier one does (a recomputed copy, mostly), and the earliest such node."""
-    graph = ctx.graph
+    what an earlier one does (a recomputed copy, mostly), and the earliest such node. Read
+    once per state (`RuleContext.memo`): a scan of every node (20 ms on 7,000 nodes)."""
+    if "recomputed_pairs" not in ctx.memo:
+        ctx.memo["recomputed_pairs"] = list(_duplicates(ctx.graph, ctx.order, ctx.frozen))
+    return ctx.memo["recomputed_pairs"]
+
+
+def _duplicates(graph: Graph, order, frozen) -> Iterator[tuple[int, int]]:
     first: dict = {}
-    for nid in ctx.order:
-        if nid in ctx.frozen or recompute_call(graph, nid) is None or graph.info(nid).is_view:
+    for nid in order:
+        if nid in frozen or recompute_call(graph, nid) is None or graph.info(nid).is_view:
             continue
         key = _duplicate_key(graph, nid)
         if key is None:
@@ -347,6 +353,13 @@ def _duplicates(ctx: RuleContext) -> Iterator[tuple[int, int]]:
         keep = first.setdefault(key, nid)
         if keep != nid:
             yield keep, nid
+
+
+def segment_heads(graph: Graph, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pairs whose copy reads no other copy: the first node of each recomputed segment
+    (`merge_all_duplicates` of it merges the whole segment back)."""
+    drops = {d for _, d in pairs}
+    return [(k, d) for k, d in pairs if not any(r.node in drops for r in graph.node(d).inputs)]
 
 
 def merge_all_duplicates(graph: Graph, pairs: list[tuple[int, int]], order) -> Rewritten:
@@ -388,7 +401,7 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
     """For each repeated kind of recomputed copy, every copy of that kind merged back at once
     (with the rest of its segment); then one rewrite per copy."""
     graph = ctx.graph
-    pairs = list(_duplicates(ctx))
+    pairs = recomputed_pairs(ctx)
     for group in grouped_by_kind(graph, pairs, lambda p: Ref(p[1], 0)):
         name = graph.node(group[0][0]).name
         yield Rewrite(

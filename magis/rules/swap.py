@@ -3,7 +3,9 @@
 Swapping puts a Store after a hot-spot storage's producer and a Load before its late readers,
 which then read the loaded copy (through re-created views, as re-materialization does: see
 remat.py): the device copy can die after its early readers while the host holds the bytes.
-De-swapping removes a Store/Load pair. Where Store and Load finally sit (Store as early as
+De-swapping removes a Store/Load pair. A recomputation can also be traded for a swap
+(`remat_to_swap`): its copies merged back and the original swapped out for the readers the copy
+fed. Where Store and Load finally sit (Store as early as
 possible, Load as late as its transfer can still be hidden, §6.2) is decided by the scheduler's
 Store/Load timing, not here.
 """
@@ -19,8 +21,11 @@ from magis.rules.remat import (
     GROUP_CANDIDATES,
     LateReads,
     hot_late_reads,
+    merge_all_duplicates,
     merge_into,
+    recomputed_pairs,
     redirect_late_reads,
+    segment_heads,
 )
 from magis.rules.repeated import grouped_by_kind, repeated_rewrites
 
@@ -117,5 +122,76 @@ def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
+def swap_instead_of_recompute(
+    graph: Graph, heads: list[tuple[int, int]], order: tuple[int, ...]
+) -> Rewritten:
+    """A new graph where the recomputed segments starting at `heads` ((original, copy)
+    pairs) are merged back, and every storage their late readers then read again is swapped
+    out for those readers instead: the same tensors leave the device through the peak, for a
+    transfer the scheduler may hide rather than a recomputation that costs its time."""
+    merged = merge_all_duplicates(graph, heads, order)
+    g = merged.graph  # a copy of its own already
+    pos = {n: i for i, n in enumerate(order)}
+    changed = set(merged.changed)
+    placements = []
+    for reads in _reads_redirected_by_merge(graph, g, merged.changed, pos):
+        before = g.next_id
+        changed |= swap_into(g, reads)
+        placements.append((reads.readers[0], tuple(n for n in range(before, g.next_id) if n in g)))
+    added = g.added_since(graph)
+    return Rewritten(
+        g, added, frozenset(changed - added), merged.removed, placements=tuple(placements)
+    )
+
+
+def _reads_redirected_by_merge(
+    old: Graph, g: Graph, readers: frozenset[int], pos: dict[int, int]
+) -> list[LateReads]:
+    """Per storage of `g` that a merge made `readers` read (an input that differs from what
+    they read in `old`): those readers, in schedule order, and the values they read of it."""
+    smap = g.storages()
+    found: dict[Ref, tuple[set[int], set[Ref]]] = {}
+    for r in readers:
+        for was, now in zip(old.node(r).inputs, g.node(r).inputs, strict=True):
+            storage = smap.base[now]
+            if was == now or storage in smap.outputs or storage in smap.resident:
+                continue
+            if not _swappable(g, storage):
+                continue
+            who, aliases = found.setdefault(storage, (set(), set()))
+            who.add(r)
+            aliases.add(now)
+    return [
+        LateReads(s, tuple(sorted(who, key=pos.__getitem__)), tuple(sorted(aliases)))
+        for s, (who, aliases) in found.items()
+    ]
+
+
+def _match_remat_to_swap(ctx: RuleContext) -> Iterator[Rewrite]:
+    """For each repeated kind of recomputed segment, all of them traded for swaps at once;
+    then one rewrite per segment. Under a latency limit this gives back a recomputation's
+    time at the same peak (the search otherwise keeps whichever of the two came first: an
+    SD U-Net search that recomputed a 4 GiB softmax had no time left for the others)."""
+    graph = ctx.graph
+    heads = segment_heads(graph, recomputed_pairs(ctx))
+    for group in grouped_by_kind(graph, heads, lambda p: Ref(p[1], 0)):
+        name = graph.node(group[0][0]).name
+        yield Rewrite(
+            "remat_to_swap",
+            RuleKind.DEREMAT,
+            f"swap the {len(group)} tensors recomputed like {name} instead",
+            lambda grp=group: swap_instead_of_recompute(graph, grp, ctx.order),
+        )
+    for keep, drop in heads[: ctx.max_candidates]:
+        yield Rewrite(
+            "remat_to_swap",
+            RuleKind.DEREMAT,
+            f"swap {graph.node(keep).name} instead of recomputing it",
+            lambda p=(keep, drop): swap_instead_of_recompute(graph, [p], ctx.order),
+        )
+
+
 SWAP = Rule("swap", RuleKind.SWAP, _match_swap)
 DESWAP = Rule("deswap", RuleKind.DESWAP, _match_deswap)
+# A dual (it gives time back), so it is of the duals' kind: it leads when time is wanted.
+REMAT_TO_SWAP = Rule("remat_to_swap", RuleKind.DEREMAT, _match_remat_to_swap)

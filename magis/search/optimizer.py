@@ -34,6 +34,7 @@ from magis.rules import (
     DESWAP,
     MINCUT_REMAT,
     REMAT,
+    REMAT_TO_SWAP,
     SWAP,
     TASO_RULES,
     Rule,
@@ -52,7 +53,17 @@ from magis.search.state import MState, Objective
 
 def default_rules() -> tuple[Rule, ...]:
     """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules."""
-    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
+    return (
+        *TASO_RULES,
+        REMAT,
+        DEREMAT,
+        SWAP,
+        DESWAP,
+        REMAT_TO_SWAP,
+        COMPACT,
+        DECOMPACT,
+        MINCUT_REMAT,
+    )
 
 
 def search_rules(options: SearchOptions) -> tuple[Rule, ...]:

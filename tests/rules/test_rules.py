@@ -18,6 +18,7 @@ from magis.rules import (
     DEREMAT,
     DESWAP,
     REMAT,
+    REMAT_TO_SWAP,
     SWAP,
     TASO_RULES,
     Rewritten,
@@ -105,6 +106,45 @@ def _group_undo(step, res, order, dual, cost):
     assert len(back.removed) >= len(res.added) // 2, undo.description
     _check(step, back.graph, back_order)
     return back, back_order
+
+
+def test_a_recomputation_traded_for_a_swap_keeps_meaning_and_leaves_no_copy(bert_tiny):
+    """remat_to_swap on every recomputation REMAT offers (a repeated kind and single segments):
+    the copies merge back, the original is swapped out for the readers the copy fed, the
+    search's placement holds, the program verifies against eager, and the hash is
+    incremental."""
+    from magis.ir.ops import LOAD_OP
+    from magis.rules.remat import recomputed_pairs
+
+    cost = get_cost_model("rtx3090")
+    graph = bert_tiny.graph
+    order = list(graph.program_order())
+    traded = 0
+    for rw in REMAT.match(_context(graph, order, cost)):
+        res = rw.build()
+        remat_order = order_without_solving(order, res)
+        ctx = _context(res.graph, remat_order, cost)
+        copies = len(recomputed_pairs(ctx))
+        trades = list(REMAT_TO_SWAP.match(ctx))
+        assert trades, f"nothing traded for {rw.description}"
+        trade = trades[0]  # a group's when the recomputation was a group's
+        out = trade.build()
+        out.graph.verify()
+        placed = order_without_solving(remat_order, out)
+        assert placed is not None and out.graph.is_valid_schedule(placed), trade.description
+        placed = time_swaps(out.graph, placed, cost)
+        after = _context(out.graph, placed, cost)
+        assert len(recomputed_pairs(after)) < copies, trade.description
+        assert any(out.graph.node(n).op == LOAD_OP for n in out.added), trade.description
+        _check(bert_tiny, out.graph, placed)
+        assert (
+            wl_hash_incremental(
+                wl_hash(res.graph), res.graph, out.graph, out.touched, out.removed
+            ).value
+            == wl_hash(out.graph).value
+        )
+        traded += 1
+    assert traded >= 2
 
 
 def test_random_ops_are_never_recomputed(bert_tiny):
