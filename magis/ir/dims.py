@@ -50,7 +50,9 @@ class OpDims:
     tensor argument j runs along (arguments numbered in the order `tensor_metas` flattens the
     positional arguments, then the keyword arguments). `shape_args` lists (argument position,
     output index) pairs where a positional argument spells an output's shape: it is rewritten
-    when the output shrinks (view sizes, expand sizes, bias_sizes ...).
+    when the output shrinks (view sizes, expand sizes, bias_sizes ...); an (argument position,
+    output index, dimension) triple names an int argument that spells one dimension of it
+    (group norm's N).
     """
 
     lengths: tuple[int, ...]
@@ -58,7 +60,7 @@ class OpDims:
     inputs: tuple[DimMap, ...]
     sums: frozenset[tuple[int, Axis]] = frozenset()
     generated: frozenset[Axis] = frozenset()
-    shape_args: tuple[tuple[int, int], ...] = ()
+    shape_args: tuple[tuple[int, ...], ...] = ()
     splittable: frozenset[Axis] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -110,7 +112,7 @@ class _Builder:
     def input(self, dims: list[Axis | None]) -> None:
         self.inputs.append(list(dims))
 
-    def build(self, shape_args: tuple[tuple[int, int], ...] = ()) -> OpDims:
+    def build(self, shape_args: tuple[tuple[int, ...], ...] = ()) -> OpDims:
         while len(self.inputs) < len(self._ins):  # arguments read whole in every dim
             self.inputs.append([None] * len(self._ins[len(self.inputs)].shape))
         return OpDims(
@@ -258,6 +260,17 @@ def bmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     b.input([bt, m, k])
     b.input([bt, k, n])
     b.sums.add((0, k))
+    return b.build()
+
+
+def baddbmm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """beta * input + alpha * (batch1 @ batch2): as bmm with the input broadcast to the output;
+    k is not split (each part would add the input again)."""
+    b = _Builder(outs, _ins(args, kwargs))
+    bt, m, n = b.out_axes(0)
+    b.input(_aligned(b, args[0], [bt, m, n], outs[0]))
+    b.input([bt, m, None])
+    b.input([bt, None, n])
     return b.build()
 
 
@@ -413,6 +426,77 @@ def native_batch_norm_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta
         if len(outs) > k and outs[k].numel:
             b.outputs[k] = [c]
     return b.build()
+
+
+def native_group_norm(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """native_group_norm(x, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd): samples
+    are independent, so N runs through x, out and the (N, group) statistics; the groups'
+    channels and the spatial dims are reduced non-linearly. N is spelled by argument 3."""
+    x = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    n = b.axis(x.shape[0])
+    b.outputs[0] = [n] + [None] * (len(x.shape) - 1)
+    for k in (1, 2):
+        if len(outs) > k:
+            b.outputs[k] = [n] + [None] * (len(outs[k].shape) - 1)
+    b.input([n] + [None] * (len(x.shape) - 1))
+    return b.build(((3, 0, 0),))
+
+
+def native_group_norm_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """(grad_out, x, mean, rstd, weight, N, C, HxW, group, mask) -> (grad_input, grad_weight,
+    grad_bias): N runs through the per-sample tensors and grad_input; grad_weight and grad_bias
+    sum over it. N is spelled by argument 5."""
+    x = args[1]
+    b = _Builder(outs, _ins(args, kwargs))
+    n = b.axis(x.shape[0])
+    full = [n] + [None] * (len(x.shape) - 1)
+    b.input(full)
+    b.input(full)
+    for stat in (args[2], args[3]):
+        b.input([n] + [None] * (len(stat.shape) - 1))
+    if outs[0].numel:
+        b.outputs[0] = list(full)
+    for k in (1, 2):
+        if len(outs) > k and outs[k].numel:
+            b.sums.add((k, n))
+    return b.build(((5, 0, 0),))
+
+
+def _mse(backward: bool) -> Rule:
+    """mse_loss(x, target, reduction) and its backward (grad, x, target, reduction): every dim
+    runs through x, target and grad_input; 'sum' sums the parts' losses, and the backward's
+    scalar grad is shared. 'mean' divides by the whole count: not split."""
+
+    def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+        off = 1 if backward else 0
+        reduction = args[off + 2] if len(args) > off + 2 else kwargs.get("reduction", 1)
+        x = args[off]
+        if reduction == 1:
+            return None
+        b = _Builder(outs, _ins(args, kwargs))
+        if backward or reduction == 0:
+            axes = b.out_axes(0)
+        else:
+            axes = [b.axis(s) for s in x.shape]
+            b.sums.update((0, a) for a in axes)
+        if backward:
+            grad = args[0]
+            b.input(list(axes) if tuple(grad.shape) == tuple(x.shape) else [None] * len(grad.shape))
+        b.input(_aligned(b, x, axes, x))
+        b.input(_aligned(b, args[off + 1], axes, x))
+        return b.build()
+
+    return rule
+
+
+def _rolled_dims(args: tuple, out: TensorMeta) -> set[int]:
+    """roll's dims; none given means the flattened tensor is rolled: every dim moves."""
+    dims = args[2] if len(args) > 2 else []
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:
+        return set(range(len(out.shape)))
+    return {_norm(d, len(out.shape)) for d in dims}
 
 
 # --- reductions --------------------------------------------------------------------------------
@@ -796,6 +880,12 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "native_layer_norm": native_layer_norm,
         "native_layer_norm_backward": native_layer_norm_backward,
         "native_batch_norm": native_batch_norm,
+        "native_group_norm": native_group_norm,
+        "native_group_norm_backward": native_group_norm_backward,
+        "mse_loss": _mse(backward=False),
+        "mse_loss_backward": _mse(backward=True),
+        "roll": _all_but(_rolled_dims),
+        "baddbmm": baddbmm,
         "native_batch_norm_backward": native_batch_norm_backward,
         "_softmax": _all_but(_dim_arg(1)),
         "_safe_softmax": _all_but(_dim_arg(1)),

@@ -201,9 +201,9 @@ def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced) -> None:
 
     args, kwargs = map_slots(node, arg)
     args = list(args)
-    for p, k in dims.shape_args:
+    for p, k, *d in dims.shape_args:
         if p < len(args):
-            args[p] = list(outs[k].shape)
+            args[p] = outs[k].shape[d[0]] if d else list(outs[k].shape)
     new = rb.add_op(f"{node.name}_p{i}", node.op, tuple(args), kwargs, outs)
     rb.ids[v].append(new)
     for k in range(len(outs)):

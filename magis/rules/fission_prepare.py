@@ -9,13 +9,17 @@ that open opportunities for others).
 - `nll_loss_forward(x, t, reduction=mean)` becomes `nll_loss_forward(x, t, reduction=sum) /
   total_weight` with the total weight computed from the targets alone (`sum(t != ignore_index)`),
   so the loss of a batch slice is a partial sum and the backward reads the whole batch's total
-  weight. Only without class weights (the workloads have none).
+  weight. Only without class weights (the workloads have none);
+- `mse_loss(x, t, reduction=mean)` becomes `mse_loss(x, t, reduction=sum) / numel`, and its
+  backward reads `grad / numel` with reduction=sum (a diffusion model's loss): the same identity
+  with a count known from the shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from magis.ir import Graph, Ref, TensorMeta
@@ -25,6 +29,7 @@ from magis.rules.rebuild import GraphRebuilder
 
 _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
 _NLL = ("nll_loss_forward", "nll_loss2d_forward")
+_MEAN, _SUM = 1, 2  # ATen's reduction codes
 
 
 def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
@@ -39,6 +44,10 @@ def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
             _detach_like(rb, node)
         elif base in _NLL and _mean_nll_without_weight(node):
             _split_mean_nll(rb, node)
+        elif base == "mse_loss" and _reduction(node, 2) == _MEAN:
+            _split_mean_mse(rb, node)
+        elif base == "mse_loss_backward" and _reduction(node, 3) == _MEAN:
+            _split_mean_mse_backward(rb, node)
         else:
             rb.copy(nid)
     return rb.finish()
@@ -86,3 +95,36 @@ def _split_mean_nll(rb: GraphRebuilder, node: Node) -> None:
     rb.ids[node.id] = [total.node, valid.node, count.node, loss.node]
     rb.env[Ref(node.id, 0)] = loss
     rb.env[Ref(node.id, 1)] = count
+
+
+def _reduction(node: Node, pos: int) -> int:
+    return node.args[pos] if len(node.args) > pos else dict(node.kwargs).get("reduction", _MEAN)
+
+
+def _numel(rb: GraphRebuilder, ref: Ref) -> int:
+    return int(np.prod(rb.old.meta(ref).shape, dtype=np.int64))
+
+
+def _split_mean_mse(rb: GraphRebuilder, node: Node) -> None:
+    """loss = mse(x, t, reduction=sum) / numel(x): the numerator splits as a partial sum."""
+    x, t = node.args[:2]
+    total = rb.add(
+        f"{node.name}_sum", node.op, (rb.mapped(x), rb.mapped(t), _SUM), node.outputs
+    )
+    loss = rb.add(node.name, "aten.div.Scalar", (total, _numel(rb, x)), node.outputs)
+    rb.ids[node.id] = [total.node, loss.node]
+    rb.env[Ref(node.id, 0)] = loss
+
+
+def _split_mean_mse_backward(rb: GraphRebuilder, node: Node) -> None:
+    """grad_input = mse_backward(grad / numel(x), x, t, reduction=sum)."""
+    grad, x, t = node.args[:3]
+    scaled = rb.add(
+        f"{node.name}_grad",
+        "aten.div.Scalar",
+        (rb.mapped(grad), _numel(rb, x)),
+        (rb.old.meta(grad),),
+    )
+    out = rb.add(node.name, node.op, (scaled, rb.mapped(x), rb.mapped(t), _SUM), node.outputs)
+    rb.ids[node.id] = [scaled.node, out.node]
+    rb.env[Ref(node.id, 0)] = out

@@ -147,9 +147,10 @@ def swap_instead_of_recompute(
 def _reads_redirected_by_merge(
     old: Graph, g: Graph, readers: frozenset[int], pos: dict[int, int]
 ) -> list[LateReads]:
-    """Per storage of `g` that a merge made `readers` read (an input that differs from what
-    they read in `old`): those readers, in schedule order, and the values they read of it."""
-    smap = g.storages()
+    """Per storage that a merge made `readers` read (an input of `g` that differs from what
+    they read in `old`: an original value, which `old` has too): those readers, in schedule
+    order, and the values they read of it."""
+    smap = old.storages()  # the parent's, built already: a merge reads values it has
     found: dict[Ref, tuple[set[int], set[Ref]]] = {}
     for r in readers:
         for was, now in zip(old.node(r).inputs, g.node(r).inputs, strict=True):
