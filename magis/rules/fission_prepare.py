@@ -108,9 +108,7 @@ def _numel(rb: GraphRebuilder, ref: Ref) -> int:
 def _split_mean_mse(rb: GraphRebuilder, node: Node) -> None:
     """loss = mse(x, t, reduction=sum) / numel(x): the numerator splits as a partial sum."""
     x, t = node.args[:2]
-    total = rb.add(
-        f"{node.name}_sum", node.op, (rb.mapped(x), rb.mapped(t), _SUM), node.outputs
-    )
+    total = rb.add(f"{node.name}_sum", node.op, (rb.mapped(x), rb.mapped(t), _SUM), node.outputs)
     loss = rb.add(node.name, "aten.div.Scalar", (total, _numel(rb, x)), node.outputs)
     rb.ids[node.id] = [total.node, loss.node]
     rb.env[Ref(node.id, 0)] = loss

@@ -150,11 +150,11 @@ def _reads_redirected_by_merge(
     """Per storage that a merge made `readers` read (an input of `g` that differs from what
     they read in `old`: an original value, which `old` has too): those readers, in schedule
     order, and the values they read of it."""
-    smap = old.storages()  # the parent's, built already: a merge reads values it has
+    smap = old.storages()  # the parent's, built already: which storages live to the end
     found: dict[Ref, tuple[set[int], set[Ref]]] = {}
     for r in readers:
         for was, now in zip(old.node(r).inputs, g.node(r).inputs, strict=True):
-            storage = smap.base[now]
+            storage = _viewed(g, now)
             if was == now or storage in smap.outputs or storage in smap.resident:
                 continue
             if not _swappable(g, storage):
@@ -166,6 +166,14 @@ def _reads_redirected_by_merge(
         LateReads(s, tuple(sorted(who, key=pos.__getitem__)), tuple(sorted(aliases)))
         for s, (who, aliases) in found.items()
     ]
+
+
+def _viewed(g: Graph, ref: Ref) -> Ref:
+    """The value `ref` is a view of, in `g` (a merge re-wires views, so the parent's storage
+    map no longer knows their base)."""
+    while g.info(ref.node).is_view:
+        ref = g.node(ref.node).inputs[0]  # a view aliases its first tensor argument
+    return ref
 
 
 def _match_remat_to_swap(ctx: RuleContext) -> Iterator[Rewrite]:
