@@ -111,8 +111,9 @@ def _group_undo(step, res, order, dual, cost):
 def test_a_recomputation_traded_for_a_swap_keeps_meaning_and_leaves_no_copy(bert_tiny):
     """remat_to_swap on every recomputation REMAT offers (a repeated kind and single segments):
     the copies merge back, the original is swapped out for the readers the copy fed, the
-    search's placement holds, the program verifies against eager, and the hash is
-    incremental."""
+    search's placement holds, the program verifies against eager, and the storage map and the
+    hash the search derives from the parent's are the fresh ones."""
+    from magis.ir.graph import StorageMap, derive_storages
     from magis.ir.ops import LOAD_OP
     from magis.rules.remat import recomputed_pairs
 
@@ -137,6 +138,8 @@ def test_a_recomputation_traded_for_a_swap_keeps_meaning_and_leaves_no_copy(bert
         assert len(recomputed_pairs(after)) < copies, trade.description
         assert any(out.graph.node(n).op == LOAD_OP for n in out.added), trade.description
         _check(bert_tiny, out.graph, placed)
+        derived = derive_storages(res.graph, out.graph, out.added, out.changed, out.removed)
+        assert _same_storages(derived, StorageMap.build(out.graph)), trade.description
         assert (
             wl_hash_incremental(
                 wl_hash(res.graph), res.graph, out.graph, out.touched, out.removed

@@ -375,3 +375,17 @@ def test_fission_children_hash_and_time_like_a_fresh_graph(workload):
             break
         state = rng.choice(children)
     assert kinds == {True, False}  # continued and fresh materializations both checked
+
+
+def test_the_recomputation_swap_trade_is_offered_under_a_latency_limit_only():
+    """remat_to_swap gives time back at the same peak: a latency-limited search's need. Under a
+    memory limit it is left out (with the limit met it led, and its swaps raised the peak)."""
+    from magis.rules import REMAT_TO_SWAP
+    from magis.search.optimizer import default_rules, search_rules
+    from magis.search.options import SearchOptions
+    from magis.search.state import Mode, Objective
+
+    options = SearchOptions()
+    assert REMAT_TO_SWAP in search_rules(options, Objective(Mode.LATENCY_LIMIT, 1.0))
+    assert REMAT_TO_SWAP not in search_rules(options, Objective(Mode.MEMORY_LIMIT, 1.0))
+    assert REMAT_TO_SWAP in default_rules()
