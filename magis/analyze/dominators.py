@@ -7,12 +7,6 @@ Decisions:
 - the entry is the model's data input (the first DATA placeholder) when the sub-graph contains
   it; paths from other inputs (labels, weights: footnote 3) are ignored, as the reference MAGIS
   does, and nodes it does not reach are left out of the tree;
-- a node that creates a tensor from nothing (`empty`, `zeros`, `arange`: a source that is not a
-  placeholder) is not reached from the data input, yet it is no input to split: it runs where it
-  is read. It joins the tree under its readers' other inputs (an edge from each), so a region
-  holding its readers holds it too; without them Eq. 4 counted a diffusion U-Net's
-  (64, 4096, 4096) `empty` operands of `baddbmm` as 4 GiB inputs of the whole model, and its
-  batch split scored below zero. A creation read by nothing else hangs from the entry;
 - a sub-graph without it (a dimension that starts behind a batch norm, a weight dimension) gets a
   virtual entry joined to all its sources, so every node is in the tree. The virtual entry is no
   node of the graph; as a dominator (Alg. 1's v_dom) its sub-graph is the whole sub-graph, as the
@@ -112,25 +106,7 @@ def _subgraph(graph: Graph, nodes: Sequence[int], entry: int) -> tuple[rx.PyDiGr
         sources = [i for i in sub.node_indices() if i != root and sub.in_degree(i) == 0]
         sub.add_edges_from_no_data([(root, s) for s in sources])
         payload.append(VIRTUAL)
-        return sub, payload
-    start = payload.index(entry)
-    for c in [i for i in sub.node_indices() if sub.in_degree(i) == 0 and i != start]:
-        if not graph.node(payload[c]).is_placeholder:
-            sub.add_edges_from_no_data([(p, c) for p in _where_created(sub, c, start)])
     return sub, payload
-
-
-def _where_created(sub: rx.PyDiGraph, c: int, start: int) -> list[int]:
-    """The nodes a creation `c` is joined under: the other inputs of its readers that do not
-    depend on it, or else the entry."""
-    after = rx.descendants(sub, c)
-    preds = {
-        p
-        for r in sub.successor_indices(c)
-        for p in sub.predecessor_indices(r)
-        if p != c and p not in after
-    }
-    return sorted(preds) or [start]
 
 
 _RANK: DerivedKey[dict[int, int]] = DerivedKey("dom.rank")
