@@ -490,15 +490,6 @@ def _mse(backward: bool) -> Rule:
     return rule
 
 
-def _rolled_dims(args: tuple, out: TensorMeta) -> set[int]:
-    """roll's dims; none given means the flattened tensor is rolled: every dim moves."""
-    dims = args[2] if len(args) > 2 else []
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    if not dims:
-        return set(range(len(out.shape)))
-    return {_norm(d, len(out.shape)) for d in dims}
-
-
 # --- reductions --------------------------------------------------------------------------------
 
 
@@ -884,7 +875,6 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "native_group_norm_backward": native_group_norm_backward,
         "mse_loss": _mse(backward=False),
         "mse_loss_backward": _mse(backward=True),
-        "roll": _all_but(_rolled_dims),
         "baddbmm": baddbmm,
         "native_batch_norm_backward": native_batch_norm_backward,
         "_softmax": _all_but(_dim_arg(1)),

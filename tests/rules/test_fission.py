@@ -356,9 +356,8 @@ def _rule_cases(family: str):
     return cases
 
 
-# Corpus models whose ops the zoo lacks: group norm, baddbmm and the MSE loss (a diffusion
-# U-Net), roll (shifted windows).
-RULE_FAMILIES = (*WORKLOAD_FAMILIES, "corpus:sd_unet", "corpus:swin")
+# A corpus model whose ops the zoo lacks: group norm, baddbmm and the MSE loss (a diffusion U-Net).
+RULE_FAMILIES = (*WORKLOAD_FAMILIES, "corpus:sd_unet")
 
 
 @pytest.mark.parametrize("family", RULE_FAMILIES)
