@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.repeated import grouped_by_kind, repeated_rewrites
+from magis.rules.repeated import kind_rewrites, repeated_rewrites
 
 
 def recomputable(graph: Graph, nid: int) -> bool:
@@ -402,14 +402,12 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
     (with the rest of its segment); then one rewrite per copy."""
     graph = ctx.graph
     pairs = recomputed_pairs(ctx)
-    for group in grouped_by_kind(graph, pairs, lambda p: Ref(p[1], 0)):
-        name = graph.node(group[0][0]).name
-        yield Rewrite(
-            "deremat",
-            RuleKind.DEREMAT,
-            f"merge the {len(group)} recomputed copies like {name}'s back",
-            lambda grp=group: merge_all_duplicates(graph, grp, ctx.order),
-        )
+    yield from kind_rewrites(
+        graph, pairs, lambda p: Ref(p[1], 0), "deremat", RuleKind.DEREMAT,
+        lambda grp: f"merge the {len(grp)} recomputed copies like {graph.node(grp[0][0]).name}'s "
+        "back",
+        lambda grp: merge_all_duplicates(graph, grp, ctx.order),
+    )  # fmt: skip
     for keep, drop in pairs[: ctx.max_candidates]:
         name, into = graph.node(drop).name, graph.node(keep).name
         if _readers_alike(graph, keep, drop):  # a recomputed segment: all of it back first

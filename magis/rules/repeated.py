@@ -47,6 +47,21 @@ def grouped_by_kind(graph: Graph, items: Iterable[Any], value: Callable[[Any], R
     return sorted(found, key=lambda g: -sum(nbytes.get(value(i), 0) for i in g))[:MAX_GROUPS]
 
 
+def kind_rewrites(
+    graph: Graph,
+    items: Iterable[Any],
+    value: Callable[[Any], Ref],
+    rule: str,
+    kind: RuleKind,
+    describe: Callable[[list], str],
+    build: Callable[[list], Rewritten],
+) -> Iterator[Rewrite]:
+    """One rewrite per repeated kind among `items` (`grouped_by_kind` of `value(item)`), built
+    by `build(group)`: the duals' undo of a whole kind, and the swap trade of one."""
+    for group in grouped_by_kind(graph, items, value):
+        yield Rewrite(rule, kind, describe(group), lambda g=group: build(g))
+
+
 def apply_to_all(
     graph: Graph, reads: list[Any], edit: Callable[[Graph, Any], set[int]]
 ) -> Rewritten:

@@ -5,9 +5,8 @@ which then read the loaded copy (through re-created views, as re-materialization
 remat.py): the device copy can die after its early readers while the host holds the bytes.
 De-swapping removes a Store/Load pair. A recomputation can also be traded for a swap
 (`remat_to_swap`): its copies merged back and the original swapped out for the readers the copy
-fed. Where Store and Load finally sit (Store as early as
-possible, Load as late as its transfer can still be hidden, §6.2) is decided by the scheduler's
-Store/Load timing, not here.
+fed. Where Store and Load finally sit (Store as early as possible, Load as late as its transfer
+can still be hidden, §6.2) is decided by the scheduler's Store/Load timing, not here.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from magis.rules.remat import (
     redirect_late_reads,
     segment_heads,
 )
-from magis.rules.repeated import grouped_by_kind, repeated_rewrites
+from magis.rules.repeated import kind_rewrites, repeated_rewrites
 
 
 def swap(graph: Graph, reads: LateReads) -> Rewritten:
@@ -79,14 +78,12 @@ def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
     then one rewrite per Load."""
     graph = ctx.graph
     loads = [n for n in ctx.order if n not in ctx.frozen and graph.node(n).op == LOAD_OP]
-    for group in grouped_by_kind(graph, loads, lambda n: _stored_value(graph, n)):
-        name = graph.node(_stored_value(graph, group[0]).node).name
-        yield Rewrite(
-            "deswap",
-            RuleKind.DESWAP,
-            f"drop the {len(group)} swaps like {name}'s",
-            lambda grp=group: unswap_all(graph, grp),
-        )
+    yield from kind_rewrites(
+        graph, loads, lambda n: _stored_value(graph, n), "deswap", RuleKind.DESWAP,
+        lambda grp: f"drop the {len(grp)} swaps like "
+        f"{graph.node(_stored_value(graph, grp[0]).node).name}'s",
+        lambda grp: unswap_all(graph, grp),
+    )  # fmt: skip
     for load in loads[: ctx.max_candidates]:
         yield Rewrite(
             "deswap",
@@ -183,14 +180,12 @@ def _match_remat_to_swap(ctx: RuleContext) -> Iterator[Rewrite]:
     SD U-Net search that recomputed a 4 GiB softmax had no time left for the others)."""
     graph = ctx.graph
     heads = segment_heads(graph, recomputed_pairs(ctx))
-    for group in grouped_by_kind(graph, heads, lambda p: Ref(p[1], 0)):
-        name = graph.node(group[0][0]).name
-        yield Rewrite(
-            "remat_to_swap",
-            RuleKind.DEREMAT,
-            f"swap the {len(group)} tensors recomputed like {name} instead",
-            lambda grp=group: swap_instead_of_recompute(graph, grp, ctx.order),
-        )
+    yield from kind_rewrites(
+        graph, heads, lambda p: Ref(p[1], 0), "remat_to_swap", RuleKind.DEREMAT,
+        lambda grp: f"swap the {len(grp)} tensors recomputed like {graph.node(grp[0][0]).name} "
+        "instead",
+        lambda grp: swap_instead_of_recompute(graph, grp, ctx.order),
+    )  # fmt: skip
     for keep, drop in heads[: ctx.max_candidates]:
         yield Rewrite(
             "remat_to_swap",

@@ -167,8 +167,8 @@ def moves(
     `limit`), the most promising first — enabling and splitting further before lifting or
     disabling, and within a kind the tree-nodes of highest score (Eq. 4: the peak reduction an
     F-Trans promises). When the objective wants time, not memory (`wants_memory` False: a
-    memory limit met, or a latency limit missed), splitting in fewer parts and disabling come first, the repeated
-    layers' levels at once before one node at a time."""
+    memory limit met, or a latency limit missed), splitting in fewer parts and disabling come
+    first, the repeated layers' levels at once before one node at a time."""
     yield from itertools.islice(_all_moves(tree, wants_memory is False), limit)
 
 
