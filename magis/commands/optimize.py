@@ -43,6 +43,7 @@ from magis.search import (
     SearchOptions,
     SearchResult,
     optimize_graph,
+    search_pace,
     simulate_state,
     start_search_workers,
 )
@@ -169,32 +170,37 @@ def find_plan(
         ray=ray,
         seed=seed,
     )
-    # workers boot (import torch, unpickle the cost model) while the peers run
-    started = start_search_workers(setup.cost, options, setup.objective) if workers > 1 else None
-    warm = []
-    try:
-        if warm_start:
-            share = None if max_states is not None else time_budget * WARM_START_SHARE
-            warm = baseline_warm_starts(
-                setup.step.graph, setup.cost, setup.objective, share, progress=progress
-            )
-    except BaseException:
-        if started is not None:  # from here on, optimize_graph stops them
-            started.close()
-        raise
-    # the search keeps its share even when a peer overran the warm start's
-    left = max(time_budget - (time.perf_counter() - start), time_budget * (1 - WARM_START_SHARE))
-    progress("searching")
-    result = optimize_graph(
-        setup.step.graph,
-        setup.cost,
-        setup.objective,
-        replace(options, time_budget=left),
-        on_improvement,
-        hand_over if before_polish is not None else None,
-        warm,
-        started,
-    )
+    with search_pace():  # the peers' warm starts allocate as the search does
+        # workers boot (import torch, unpickle the cost model) while the peers run
+        started = (
+            start_search_workers(setup.cost, options, setup.objective) if workers > 1 else None
+        )
+        warm = []
+        try:
+            if warm_start:
+                share = None if max_states is not None else time_budget * WARM_START_SHARE
+                warm = baseline_warm_starts(
+                    setup.step.graph, setup.cost, setup.objective, share, progress=progress
+                )
+        except BaseException:
+            if started is not None:  # from here on, optimize_graph stops them
+                started.close()
+            raise
+        # the search keeps its share even when a peer overran the warm start's
+        left = max(
+            time_budget - (time.perf_counter() - start), time_budget * (1 - WARM_START_SHARE)
+        )
+        progress("searching")
+        result = optimize_graph(
+            setup.step.graph,
+            setup.cost,
+            setup.objective,
+            replace(options, time_budget=left),
+            on_improvement,
+            hand_over if before_polish is not None else None,
+            warm,
+            started,
+        )
     return plan_from_search(result, setup, wall_seconds=time.perf_counter() - start)
 
 

@@ -1,6 +1,7 @@
 """M-State, the search of MAGIS Alg. 3, graph hashing, the two modes, the time budget (§6.2)."""
 
 from magis.search.budget import Budget
+from magis.search.collector import search_pace
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.optimizer import (
     Improvement,
@@ -29,6 +30,7 @@ __all__ = [
     "default_rules",
     "initial_state",
     "optimize_graph",
+    "search_pace",
     "start_search_workers",
     "simulate_state",
 ]

@@ -43,6 +43,7 @@ from magis.rules import (
 from magis.schedule import schedule
 from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
+from magis.search.collector import search_pace
 from magis.search.decisions import Decision
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.hashing import wl_hash
@@ -175,23 +176,24 @@ def optimize_graph(
     options = options if options is not None else SearchOptions()
     if workers is None and options.workers > 1:
         workers = start_search_workers(cost, options, objective)
-    search = _Search.start(graph, cost, objective, options, on_improvement, workers)
-    try:
-        for warm in warm_starts:
-            search.add_warm_start(warm)
-        interrupted = False
+    with search_pace():
+        search = _Search.start(graph, cost, objective, options, on_improvement, workers)
         try:
-            if options.workers > 1 and options.max_states is None:
-                concurrent.run(search)  # each worker expands states of its own
-            else:
-                while search.queue and not search.out_of_budget():
-                    search.expand(*search.queue.pop())
-        except KeyboardInterrupt:
-            interrupted = True
-        return search.finish(interrupted, before_polish)
-    finally:
-        if search.workers is not None:
-            search.workers.close()
+            for warm in warm_starts:
+                search.add_warm_start(warm)
+            interrupted = False
+            try:
+                if options.workers > 1 and options.max_states is None:
+                    concurrent.run(search)  # each worker expands states of its own
+                else:
+                    while search.queue and not search.out_of_budget():
+                        search.expand(*search.queue.pop())
+            except KeyboardInterrupt:
+                interrupted = True
+            return search.finish(interrupted, before_polish)
+        finally:
+            if search.workers is not None:
+                search.workers.close()
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any
 from magis.errors import MagisError
 from magis.ir import DEFAULT_REGISTRY, DerivedKey
 from magis.rules import Rule, RuleContext
+from magis.search.collector import worker_pace
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
 from magis.search.state import MState, Objective
@@ -239,6 +240,7 @@ class ChildWorker:
         self.states: dict[Sid, MState] = {}
         self.streams: dict[Sid, tuple[Iterator, int]] = {}
         self.count = 0
+        worker_pace()  # a worker's process (local or a Ray actor's) is the search's own
 
     def evaluate(self, task: Task) -> list[Outcome]:
         """The outcomes of the task's move, or of its batch of moves, in order."""

@@ -389,3 +389,27 @@ def test_the_recomputation_swap_trade_is_offered_under_a_latency_limit_only():
     assert REMAT_TO_SWAP in search_rules(options, Objective(Mode.LATENCY_LIMIT, 1.0))
     assert REMAT_TO_SWAP not in search_rules(options, Objective(Mode.MEMORY_LIMIT, 1.0))
     assert REMAT_TO_SWAP in default_rules()
+
+
+def test_the_search_collects_garbage_at_its_own_pace_and_gives_the_callers_back():
+    import gc
+
+    from magis.search.collector import SEARCH_YOUNG_THRESHOLD
+
+    _, step = workload_step("bert-base:tiny")
+    cost = get_cost_model("rtx3090")
+    base = simulate(step.graph, step.graph.program_order(), cost)
+    objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
+    seen = []
+    before = gc.get_threshold()
+    result = optimize_graph(
+        step.graph,
+        cost,
+        objective,
+        SearchOptions(time_budget=60, max_states=10),
+        on_improvement=lambda _: seen.append(gc.get_threshold()),
+    )
+    assert result.improvements and seen  # the callback ran inside the search
+    assert all(t[0] >= SEARCH_YOUNG_THRESHOLD and t[1:] == before[1:] for t in seen)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0  # the caller's heap is not frozen

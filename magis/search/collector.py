@@ -1,0 +1,41 @@
+"""The garbage collector's pace while a search runs.
+
+Evaluating one state allocates some 10^5 short-lived containers (the scheduler's problem, the
+simulator's tables, storage maps, hashes), alive for the few milliseconds of that state. At
+CPython's default pace (a young collection every 700 allocations) many of them outlive a young
+collection, and the promotions they cause trigger full collections that walk every graph the
+queue holds — work that frees nothing, since these containers die by reference count anyway.
+Measured on corpus:t5 (7,048 nodes) under memory limit 0.4, one process, 60 s: 536 states at
+the default pace, 822 with the young threshold at 100,000, 844 with the collector off; peak
+memory 1.74 -> 2.00 GB. Cycles are still collected, only less often.
+
+The main process restores the caller's pace afterwards (`search_pace`); a worker process is the
+search's own, so it also freezes the heap it starts with (torch, the cost model), which no
+collection then walks (`worker_pace`).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SEARCH_YOUNG_THRESHOLD = 100_000
+
+
+@contextmanager
+def search_pace() -> Iterator[None]:
+    """Collect young objects every `SEARCH_YOUNG_THRESHOLD` allocations inside the block."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], SEARCH_YOUNG_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def worker_pace() -> None:
+    """A worker process's pace for the rest of its life: the search's, its start-up heap frozen."""
+    gc.freeze()
+    young, *older = gc.get_threshold()
+    gc.set_threshold(max(young, SEARCH_YOUNG_THRESHOLD), *older)
