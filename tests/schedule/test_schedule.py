@@ -281,3 +281,32 @@ def test_the_scheduler_places_a_weight_update_where_it_lowers_the_peak():
     assert program.peak_bytes == 440 + 400 + 4000 + 4  # grad, big and loss at loss's step
     assert dp.peak_bytes == 440 + 4000 + 4
     assert dp.order.index(upd) < dp.order.index(big)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.integers(1, 400), tau=st.integers(0, 40))
+def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau):
+    """The word-wise counts of `window_above` and `cut_segments` against nw's definition, on
+    random cores of random DAGs of up to 400 units (bitsets of several 64-bit words)."""
+    from magis.schedule.narrow_waist import bits, closure, cut_segments, window_above
+
+    rng = np.random.default_rng(seed)
+    p = problem_of(random_dag(rng, ops, p_view=0.2, p_multi=0.1))
+    clo = closure(p, range(p.n))
+    core = sum(1 << i for i in range(p.n) if rng.random() < 0.8)
+    members = bits(core)
+    assert members == [i for i in range(p.n) if core >> i & 1]
+
+    def nw(i):
+        inside = (clo.anc[i] & core).bit_count() + (clo.des[i] & core).bit_count()
+        return len(members) - inside - 1
+
+    assert window_above(clo, core, tau) == sum(1 << i for i in members if nw(i) > tau)
+    seg, cuts = cut_segments(clo, core)
+    cut_bits = [i for i in members if nw(i) <= 1]
+    assert cuts == [clo.units[i] for i in cut_bits]
+    rank = {i: k + 1 for k, i in enumerate(cut_bits)}
+    for i in members:
+        latest = max((j for j in cut_bits if clo.anc[i] >> j & 1), default=None)
+        expect = rank[i] if i in rank else rank.get(latest, 0)
+        assert seg[clo.units[i]] == expect
