@@ -58,7 +58,7 @@ class CompileError(MagisError):
 def compile(  # noqa: A001 - the name users asked for: magis.compile
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    example_batch: tuple | torch.Tensor,
+    example_batch: tuple | torch.Tensor = (),
     *,
     example_kwargs: dict[str, Any] | None = None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
@@ -91,7 +91,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
 def compile_program_order(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    example_batch: tuple | torch.Tensor,
+    example_batch: tuple | torch.Tensor = (),
     *,
     example_kwargs: dict[str, Any] | None = None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
