@@ -188,10 +188,9 @@ def test_batch_as_keyword_arguments_and_the_models_own_loss(float64):
     eager = copy.deepcopy(case.model)
     opt = torch.optim.SGD(case.model.parameters(), lr=0.1, momentum=0.9)
     eopt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
-    step = compile(
+    step = compile(  # no positional batch: example_batch defaults to ()
         case.model,
         opt,
-        (),
         example_kwargs={"input_ids": ids, "labels": labels},
         lat_limit=1.1,
         **SEARCH,
