@@ -240,7 +240,6 @@ class ChildWorker:
         self.states: dict[Sid, MState] = {}
         self.streams: dict[Sid, tuple[Iterator, int]] = {}
         self.count = 0
-        worker_pace()  # a worker's process (local or a Ray actor's) is the search's own
 
     def evaluate(self, task: Task) -> list[Outcome]:
         """The outcomes of the task's move, or of its batch of moves, in order."""
@@ -337,10 +336,19 @@ class ChildWorker:
         return found is not None, took
 
 
+class OwnProcessWorker(ChildWorker):
+    """A worker in a process of its own (a local worker, a Ray actor): the process is the
+    search's, so it keeps the search's garbage-collection pace, its start-up heap frozen."""
+
+    def __init__(self, wid: int, setup: bytes) -> None:
+        super().__init__(wid, setup)
+        worker_pace()
+
+
 def _serve(conn: Connection, wid: int, setup: bytes) -> None:
     """A local worker process: answer the main process's calls until it hangs up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    worker = ChildWorker(wid, setup)
+    worker = OwnProcessWorker(wid, setup)
     while True:
         try:
             method, arg = conn.recv()
@@ -443,7 +451,7 @@ def start_ray_workers(n: int, setup: bytes, address: str) -> RayWorkers:
     (started here unless Ray already runs in this process), else on that cluster."""
     ray = import_ray()
     started = start_ray(ray, None if address == "local" else address, n)
-    actor = ray.remote(num_cpus=1)(ChildWorker)
+    actor = ray.remote(num_cpus=1)(OwnProcessWorker)
     return RayWorkers(ray, [actor.remote(wid, setup) for wid in range(n)], started)
 
 
