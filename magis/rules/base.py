@@ -45,8 +45,11 @@ SAVES_MEMORY = frozenset({RuleKind.REMAT, RuleKind.SWAP, RuleKind.COMPACT})
 
 def ordered_for(rules: Iterable[Rule], wants_memory: bool) -> list[Rule]:
     """`rules` with those that save what the objective ranks first ahead of the others (in
-    their order otherwise): the first children of a state are the ones likely to improve it."""
-    return sorted(rules, key=lambda r: r.saves_memory != wants_memory)
+    their order otherwise): the first children of a state are the ones likely to improve it.
+    Rules not `offered` on such a state are left out."""
+    return sorted(
+        (r for r in rules if r.offered(wants_memory)), key=lambda r: r.saves_memory != wants_memory
+    )
 
 
 @dataclass(frozen=True)
@@ -123,10 +126,20 @@ class Rule:
     # TASO substitution may exist for memory: a convolution backward split into dgrad and
     # wgrad lets the saved input die before the input gradient is allocated.
     memory_saving: bool | None = None
+    # Offered only on a state whose objective wants what the rule gives (see `offered`).
+    only_when_wanted: bool = False
 
     @property
     def saves_memory(self) -> bool:
         return self.kind in SAVES_MEMORY if self.memory_saving is None else self.memory_saving
+
+    def offered(self, wants_memory: bool | None) -> bool:
+        """Whether the rule is tried on a state whose objective wants memory (True), time
+        (False) or is not asked (None). A rule that only trades one resource for the other at
+        the same level of the first is offered only where what it gives is wanted."""
+        return (
+            not self.only_when_wanted or wants_memory is None or (self.saves_memory == wants_memory)
+        )
 
 
 def node_rewrites(

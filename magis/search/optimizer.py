@@ -59,7 +59,8 @@ def default_rules(mode: Mode | None = None) -> tuple[Rule, ...]:
     runs out of time to spend, and is left out of a memory-limit search (`mode`): there, with
     the limit met, it led the moves that give time back and spent the states on swaps that
     raised the peak past the limit (bart-base under 0.4, 60 s, --workers 2: 1.163 of the
-    latency with it, 1.094 without)."""
+    latency with it, 1.094 without). Under a latency limit it is tried only on states over
+    the limit (`Rule.only_when_wanted`)."""
     trade = () if mode is Mode.MEMORY_LIMIT else (REMAT_TO_SWAP,)
     return (
         *TASO_RULES,
