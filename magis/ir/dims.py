@@ -835,6 +835,35 @@ def gather(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     return b.build()
 
 
+def scatter_add(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """scatter_add(x, dim, index, src) (gather's backward): out has x's shape; a dim other than
+    `dim` runs through x, index, src and out where index and src span all of x there (a shorter
+    index, or a longer src, would pair the wrong rows of a part)."""
+    x, index, src = args[0], args[2], args[3]
+    dim = _norm(args[1], len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [
+        None if d == dim or index.shape[d] != s or src.shape[d] != s else a
+        for d, (a, s) in enumerate(zip(b.out_axes(0), x.shape, strict=True))
+    ]
+    b.outputs[0] = list(axes)
+    for _ in range(3):  # x, index, src: the same shape outside `dim`
+        b.input(list(axes))
+    return b.build()
+
+
+def repeat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """repeat(x, repeats): a dim repeated once runs through x and out; a tiled dim (repeats > 1)
+    is not x's parts side by side, and the leading new dims are read from the whole x."""
+    x, repeats = args[0], args[1]
+    lead = len(repeats) - len(x.shape)
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [a if d >= lead and repeats[d] == 1 else None for d, a in enumerate(b.out_axes(0))]
+    b.outputs[0] = list(axes)
+    b.input(axes[lead:])
+    return b.build()
+
+
 def native_dropout(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> None:
     """Random ops have no rule: splitting would change the order of the RNG draws, so fission
     stops at them (their outputs enter a region as sliced inputs)."""
@@ -920,6 +949,8 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "upsample_nearest2d_backward": _upsample_backward,
         "constant_pad_nd": constant_pad_nd,
         "gather": gather,
+        "scatter_add": scatter_add,
+        "repeat": repeat,
         "native_dropout": native_dropout,
     }
 )

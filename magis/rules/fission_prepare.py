@@ -5,7 +5,9 @@ that open opportunities for others).
 
 - `ones_like(loss)` (the seed of the backward pass) and the other `*_like` creations become
   `ones(shape)`: they read only the shape, and the false data dependency would make every
-  forward+backward region non-convex;
+  forward+backward region non-convex. `x.new_zeros(size)` and the other `new_*` creations
+  read only x's dtype, and become `zeros(size)` too (DeBERTa's gather backward scatters into
+  a `new_zeros` of an attention tensor: the region of the whole step was rejected for it);
 - `nll_loss_forward(x, t, reduction=mean)` becomes `nll_loss_forward(x, t, reduction=sum) /
   total_weight` with the total weight computed from the targets alone (`sum(t != ignore_index)`),
   so the loss of a batch slice is a partial sum and the backward reads the whole batch's total
@@ -28,6 +30,8 @@ from magis.ir.ops import _base_name
 from magis.rules.rebuild import GraphRebuilder
 
 _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
+_NEW = {"new_ones": "ones", "new_zeros": "zeros", "new_empty": "empty", "new_full": "full"}
+_CREATIONS = {**_LIKE, **_NEW}
 _NLL = ("nll_loss_forward", "nll_loss2d_forward")
 _MEAN, _SUM = 1, 2  # ATen's reduction codes
 
@@ -40,8 +44,8 @@ def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
     for nid in graph.program_order() if order is None else order:
         node = graph.node(nid)
         base = _base_name(node.op)
-        if base in _LIKE and not node.is_placeholder and node.writes_into is None:
-            _detach_like(rb, node)
+        if base in _CREATIONS and not node.is_placeholder and node.writes_into is None:
+            _detach_creation(rb, node)
         elif base in _NLL and _mean_nll_without_weight(node):
             _split_mean_nll(rb, node)
         elif base == "mse_loss" and _reduction(node, 2) == _MEAN:
@@ -53,14 +57,18 @@ def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
     return rb.finish()
 
 
-def _detach_like(rb: GraphRebuilder, node: Node) -> None:
+def _detach_creation(rb: GraphRebuilder, node: Node) -> None:
+    """The `*_like` or `new_*` creation `node` as the creation of its output's shape and dtype,
+    reading no tensor."""
     meta = node.outputs[0]
     kw = {"dtype": meta.torch_dtype, "layout": torch.strided, "device": torch.device("cpu")}
     kw["pin_memory"] = False
     shape = list(meta.shape)
-    base = _LIKE[_base_name(node.op)]
-    if base == "full":
-        args, op = (shape, node.args[1]), "aten.full.default"
+    name = _base_name(node.op)
+    base = _CREATIONS[name]
+    if base == "full":  # full_like(x, fill) or x.new_full(size, fill)
+        fill = node.args[1] if name in _LIKE else node.args[2]
+        args, op = (shape, fill), "aten.full.default"
     elif base == "empty":
         args, op = (shape,), "aten.empty.memory_format"
     else:

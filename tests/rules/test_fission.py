@@ -320,10 +320,14 @@ def _split_call(op, args, kwargs, dims, axis):
 
 def _rule_cases(family: str):
     """Every op call of a tiny workload with a rule, with its real arguments (an eager run)."""
+    return _call_cases(_tiny(family))
+
+
+def _call_cases(step):
+    """Every op call of a captured step with a rule, with its real arguments (an eager run)."""
     from magis.analyze import node_dims
     from magis.ir.ops import resolve_overload
 
-    step = _tiny(family)
     g = prepare(step.graph)
     dims = node_dims(g)
     inputs = step.program_inputs(step.make_inputs())
@@ -364,8 +368,64 @@ RULE_FAMILIES = (*WORKLOAD_FAMILIES, "corpus:sd_unet")
 def test_dimension_rules_by_splitting_real_calls(family, one_thread):
     """DESIGN principle 1 for the rules: each call of the workload, split in two along every
     splittable axis the rule claims, merged by concatenation or sum, equals the whole call."""
+    assert _checked_splits(_rule_cases(family)) > 20
+
+
+class _RelativePositions(torch.nn.Module):
+    """DeBERTa's disentangled attention in small: scores gathered by relative position (its
+    backward a scatter_add) and a tiled projection input (repeat)."""
+
+    def __init__(self, width: int = 8, length: int = 6) -> None:
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(width, width), torch.nn.Linear(width, 2 * length)
+        self.out = torch.nn.Linear(2 * width, width)
+        pos = torch.arange(length)
+        self.register_buffer("rel", (pos[:, None] - pos[None, :]).clamp(0, 2 * length - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.k(self.q(x))  # (B, T, 2T): a score per relative position
+        index = self.rel.expand(x.shape[0], -1, -1)
+        c2p = torch.gather(scores, -1, index).softmax(-1)
+        return self.out((c2p @ x).repeat(1, 1, 2)).square().sum()
+
+
+def test_gather_backward_and_repeat_split_as_their_rules_say(one_thread):
+    from magis.capture.trace import training_step
+
+    torch.manual_seed(0)
+    model = _RelativePositions().double()
+    step = training_step(model, (torch.randn(4, 6, 8, dtype=torch.float64),))
+    cases = _call_cases(step)
+    new = [c for c in cases if c[1].__name__.split(".")[0] in ("scatter_add", "repeat")]
+    assert {c[1].__name__.split(".")[0] for c in new} == {"scatter_add", "repeat"}
+    assert _checked_splits(new) >= 4  # batch and rows of each
+
+
+def test_a_gather_backward_no_longer_stops_the_batch_split(one_thread):
+    """Gather's backward scatters into `grad.new_zeros(...)`: with `new_*` creations detached
+    by `prepare` (they read only a dtype) and scatter_add's rule, the batch split covers the
+    step (forward, loss and backward, the scatter included) and runs as eager PyTorch does."""
+    from magis.capture.trace import training_step
+
+    torch.manual_seed(0)
+    step = training_step(_RelativePositions().double(), (torch.randn(4, 6, 8).double(),))
+    assert any(step.graph.node(v).op == "aten.new_zeros.default" for v in step.graph.ops())
+    g = prepare(step.graph)
+    assert not any(g.node(v).op.startswith("aten.new_") for v in g.ops())
+    tree = build_ftree(g)
+    i = max(range(len(tree)), key=lambda k: tree.nodes[k].size)
+    ops = {g.node(v).op for v in tree.nodes[i].ftrans.nodes}
+    assert {"aten.gather.default", "aten.scatter_add.default", "aten.repeat.default"} <= ops
+    m = materialize(g, tree.with_n(i, 2))
+    v = verify(step, compile_program(m.graph, m.order), step.make_inputs())
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+
+
+def _checked_splits(cases) -> int:
+    """Split each call in two along each splittable axis its rule claims, merge the parts as
+    the rule says and compare with the whole call; the number of outputs compared."""
     checked = 0
-    for name, op, args, kwargs, outs, dims in _rule_cases(family):
+    for name, op, args, kwargs, outs, dims in cases:
         for axis in sorted(dims.splittable):
             if dims.lengths[axis] % 2:
                 continue
@@ -390,7 +450,7 @@ def test_dimension_rules_by_splitting_real_calls(family, one_thread):
                 msg = f"{name} axis {axis} out {k}"
                 torch.testing.assert_close(got, want, **tol, msg=msg)
                 checked += 1
-    assert checked > 20
+    return checked
 
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
