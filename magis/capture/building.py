@@ -2,7 +2,8 @@
 
 Construction that works in both modes: the default dtype set around construction
 (`module.to(torch.bfloat16)` fails on fake parameters), and a truncated-normal initialisation
-without the data-dependent rejection loop (ViT's `trunc_normal_` raises under FakeTensorMode).
+without the data-dependent rejection loop (ViT's `trunc_normal_` raises under FakeTensorMode),
+and, for a constructor that reads values it computes, small constants made for real.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @contextmanager
@@ -77,3 +81,53 @@ def build_for_training(
     else:
         model = factory()
     return model.train()
+
+
+# Tensors this small are computed for real while a model is built under fake tensors (see
+# `small_constants_real`): 2^16 elements, 256 KiB in float32.
+SMALL_CONSTANT_NUMEL = 1 << 16
+
+
+class _SmallConstantsReal(TorchDispatchMode):
+    """Under a FakeTensorMode: an op that reads no fake tensor and makes only small tensors runs
+    for real, so a constructor can read the values it computes (`torch.linspace(...).tolist()`
+    for drop-path rates, PoolFormer's and many vision models'). The output size is found on the
+    meta device first, so no large tensor is ever allocated; an op that cannot run there (a
+    scalar read, `.item()`) makes a scalar."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not any(isinstance(t, FakeTensor) for t in tensors):
+            with unset_fake_temporarily():
+                if _makes_small_tensors(func, args, kwargs):
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)  # the fake mode's
+
+
+def _makes_small_tensors(func, args: tuple, kwargs: dict) -> bool:
+    """Whether `func` makes only tensors of at most SMALL_CONSTANT_NUMEL elements, run on meta
+    copies of its tensors (and on the meta device where it creates one)."""
+    meta = torch.device("meta")
+
+    def on_meta(x: Any) -> Any:
+        return x.to(meta) if isinstance(x, torch.Tensor) else x
+
+    margs, mkwargs = pytree.tree_map(on_meta, (args, kwargs))
+    if "device" in mkwargs:
+        mkwargs["device"] = meta
+    try:
+        out = func(*margs, **mkwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel: a data-dependent read, a scalar
+        return True
+    made = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return all(t.numel() <= SMALL_CONSTANT_NUMEL for t in made)
+
+
+@contextmanager
+def small_constants_real() -> Iterator[None]:
+    """Inside a FakeTensorMode: small tensors made from no fake tensor are real (see
+    `_SmallConstantsReal`); parameters and buffers that end up real are small, and the capture
+    makes them fake as it does a real model's."""
+    with _SmallConstantsReal():
+        yield

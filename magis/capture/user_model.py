@@ -50,7 +50,11 @@ from types import ModuleType
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from magis.capture.building import data_independent_trunc_normal, default_dtype
+from magis.capture.building import (
+    data_independent_trunc_normal,
+    default_dtype,
+    small_constants_real,
+)
 from magis.capture.trace import OptimizerSpec, Step, capture_training
 from magis.errors import MagisError
 
@@ -249,7 +253,18 @@ def call_factory(
     real: bool = False,
     seed: int = 0,
 ) -> tuple:
-    """`factory()` under fake tensors (or real ones with `real`), in `dtype`, seeded."""
+    """`factory()` under fake tensors (or real ones with `real`), in `dtype`, seeded. A factory
+    that reads a value it computed (under fake tensors there is none) is built again with small
+    constants made for real (`small_constants_real`)."""
+    try:
+        return _run_factory(spec, factory, batch, dtype, real, seed, constants=False)
+    except ModelFileError as exc:
+        if real or not _is_data_dependent(exc):
+            raise
+    return _run_factory(spec, factory, batch, dtype, real, seed, constants=True)
+
+
+def _run_factory(spec, factory, batch, dtype, real, seed, constants: bool) -> tuple:
     kwargs = _factory_kwargs(spec, factory, batch)
     mode = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
     try:
@@ -258,6 +273,7 @@ def call_factory(
             default_dtype(dtype or torch.get_default_dtype()),
             data_independent_trunc_normal(),
             mode,
+            small_constants_real() if constants else contextlib.nullcontext(),
         ):
             torch.manual_seed(seed)
             return factory(**kwargs)
@@ -266,9 +282,9 @@ def call_factory(
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line
         if _is_data_dependent(exc):
             raise ModelFileError(
-                f"{spec.spec}: {spec.function}() reads a tensor's value while building "
-                "(.item(), .tolist(), a branch on data), which fake tensors cannot: compute "
-                "that value from Python numbers"
+                f"{spec.spec}: {spec.function}() reads the value of a large tensor while "
+                "building (.item(), .tolist(), a branch on data), which fake tensors cannot: "
+                "compute that value from Python numbers"
             ) from exc
         raise ModelFileError(f"{spec.spec}: {spec.function}() raised {_one_line(exc)}") from exc
 

@@ -61,8 +61,24 @@ def no_loss():
 
 
 def reads_a_value():
-    n = int(torch.randn(()).abs().item()) + 2
+    n = int(torch.randn(512, 512).abs().sum().item()) % 5 + 2  # a large tensor's value
     return torch.nn.Linear(n, n), torch.randn(2, n)
+
+
+class DropPath(torch.nn.Module):
+    """Reads its rates from a linspace as it is built (PoolFormer's, Swin's constructors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates = [r.item() for r in torch.linspace(0, 0.1, 3)]
+        self.wide, self.head = torch.nn.Linear(512, 512), torch.nn.Linear(512, 4)
+
+    def forward(self, x):
+        return self.head(self.wide(x) * (1 - self.rates[1]))
+
+
+def reads_small_constants():
+    return DropPath(), torch.randn(8, 512), lambda m, x: m(x).square().mean()
 
 
 def raises():
@@ -107,6 +123,21 @@ def test_a_factory_is_captured_at_full_size_on_fake_tensors(models):
     assert isinstance(step.example_inputs[0], torch._subclasses.fake_tensor.FakeTensor)
 
 
+def test_a_constructor_that_reads_small_constants_is_built_on_fake_tensors(models):
+    """A factory whose model reads values it computed (drop-path rates) is built again with
+    small constants real; the large weight stays fake (nothing of its size allocated)."""
+    from magis.capture.user_model import call_factory, load_factory
+
+    spec = parse_spec(f"{models}:reads_small_constants")
+    model, _, _ = call_factory(spec, load_factory(spec))
+    fake = torch._subclasses.fake_tensor.FakeTensor
+    assert isinstance(model.wide.weight, fake) and not isinstance(model.head.bias, fake)
+    assert model.rates == pytest.approx([0.0, 0.05, 0.1])
+    info, step = workload_step(f"{models}:reads_small_constants")
+    assert info.parameters == 512 * 512 + 512 + 512 * 4 + 4
+    assert len(step.graph.placeholders(PlaceholderKind.WEIGHT)) == 4
+
+
 def test_dict_batch_own_loss_and_batch_override(models):
     info, step = workload_step(f"{models}:keywords", batch=5)
     assert info.batch == 5
@@ -148,7 +179,7 @@ def _invoke(capsys, *args: str) -> tuple[int, str]:
         ("not_a_module", "returned a str as the model; it must be a torch.nn.Module"),
         ("batch_of_strings", "batch input0 is a str; the batch must be a tensor"),
         ("no_loss", "the model returned a tensor of shape [2, 4], not a loss"),
-        ("reads_a_value", "reads a tensor's value while building"),
+        ("reads_a_value", "reads the value of a large tensor while building"),
         ("raises", "raises() raised ValueError: the data folder is missing"),
         ("data_dependent_loss", "capturing its training step failed (at aten.nonzero"),
         ("shape_error", "capturing its training step failed (at aten.mm.default, models.py:"),
