@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from magis.ir.ops import _base_name, tensor_metas
 from magis.ir.tensor import TensorMeta
@@ -864,6 +865,69 @@ def repeat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     return b.build()
 
 
+def _option(args: tuple, kwargs: dict, pos: int, name: str, default: Any) -> Any:
+    """A scalar argument given by position or by name, or its default."""
+    return args[pos] if len(args) > pos else kwargs.get(name, default)
+
+
+def _attention_axes(b: _Builder, q: TensorMeta, causal: bool) -> tuple[Axis, Axis, Axis | None]:
+    """Batch, heads and (not causal) query-length axes of a fused attention's output 0: a part
+    of the queries of a causal attention would see keys from position 0 again."""
+    bt, h, length, _ = b.out_axes(0)
+    b.outputs[0] = [bt, h, None if causal else length, None]
+    return bt, h, None if causal else length
+
+
+def _attention_mask(b: _Builder, mask: Any, q: TensorMeta, axes: list[Axis | None]) -> None:
+    """The additive or boolean mask (broadcast to (B, H, L, S)) runs along the axes it spans."""
+    if isinstance(mask, TensorMeta):
+        full = [*axes, None]
+        target = (*q.shape[:3], mask.shape[-1])
+        off = 4 - len(mask.shape)
+        b.input([full[d + off] if mask.shape[d] == target[d + off] else None
+                 for d in range(len(mask.shape))])  # fmt: skip
+
+
+def flash_attention_cpu(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+    """_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *, attn_mask,
+    scale) -> (out, logsumexp), what `F.scaled_dot_product_attention` (Hugging Face's default
+    attention) runs on CPU: batch and heads run through q, k, v, the mask and both outputs, the
+    query length through q, out, logsumexp and the mask when not causal. With dropout it has no
+    rule (random draws, as native_dropout)."""
+    if _option(args, kwargs, 3, "dropout_p", 0.0):
+        return None
+    q = args[0]
+    b = _Builder(outs, _ins(args, kwargs))
+    bt, h, length = _attention_axes(b, q, _option(args, kwargs, 4, "is_causal", False))
+    b.outputs[1] = [bt, h, length]
+    b.input([bt, h, length, None])
+    b.input([bt, h, None, None])
+    b.input([bt, h, None, None])
+    _attention_mask(b, kwargs.get("attn_mask"), q, [bt, h, length])
+    return b.build()
+
+
+def flash_attention_cpu_backward(
+    args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]
+) -> OpDims | None:
+    """Its backward (grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask,
+    scale) -> (grad_q, grad_k, grad_v): the forward's axes; the key and value gradients sum
+    over the queries, so the query length is not split here."""
+    if _option(args, kwargs, 6, "dropout_p", 0.0):
+        return None
+    q = args[1]
+    b = _Builder(outs, _ins(args, kwargs))
+    bt, h, _ = _attention_axes(b, q, causal=True)
+    b.outputs[1] = [bt, h, None, None]
+    b.outputs[2] = [bt, h, None, None]
+    for _ in range(4):  # grad_out, q, k, v
+        b.input([bt, h, None, None])
+    b.input([bt, h, None, None])  # out
+    b.input([bt, h, None])  # logsumexp
+    _attention_mask(b, kwargs.get("attn_mask"), q, [bt, h, None])
+    return b.build()
+
+
 def native_dropout(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> None:
     """Random ops have no rule: splitting would change the order of the RNG draws, so fission
     stops at them (their outputs enter a region as sliced inputs)."""
@@ -883,6 +947,8 @@ POINTWISE_OPS = (
     "leaky_relu_backward", "addcmul", "addcdiv", "lerp", "round", "floor", "ceil", "sin", "cos",
     "threshold", "elu", "elu_backward", "softplus", "softplus_backward", "mish",
     "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "relu6",
+    "rsub", "remainder", "fmod", "exp2", "log2", "log10", "tan", "atan", "atan2", "trunc", "sgn",
+    "erfc", "logical_xor", "bitwise_xor", "hypot", "xlogy",
 )  # fmt: skip
 
 DIM_RULES: Mapping[str, Rule] = MappingProxyType(
@@ -949,6 +1015,8 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "upsample_nearest2d_backward": _upsample_backward,
         "constant_pad_nd": constant_pad_nd,
         "gather": gather,
+        "_scaled_dot_product_flash_attention_for_cpu": flash_attention_cpu,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": flash_attention_cpu_backward,
         "scatter_add": scatter_add,
         "repeat": repeat,
         "native_dropout": native_dropout,

@@ -7,6 +7,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from magis.analyze import (
     FTrans,
@@ -399,6 +400,47 @@ def test_gather_backward_and_repeat_split_as_their_rules_say(one_thread):
     new = [c for c in cases if c[1].__name__.split(".")[0] in ("scatter_add", "repeat")]
     assert {c[1].__name__.split(".")[0] for c in new} == {"scatter_add", "repeat"}
     assert _checked_splits(new) >= 4  # batch and rows of each
+
+
+class _FusedAttention(torch.nn.Module):
+    """`F.scaled_dot_product_attention` (Hugging Face's default attention) with a padding mask
+    and causally, and pointwise ops the workloads lack (rsub, atan2, remainder ...)."""
+
+    def __init__(self, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(width, 3 * width), heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, w = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, w // self.heads).unbind(2)
+        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        keep = torch.ones(b, 1, t, t, dtype=torch.bool).tril()
+        padded = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = (1.0 - padded).exp2() + torch.atan2(causal, padded.abs() + 1) + causal.remainder(0.5)
+        y = y + torch.hypot(causal, padded) + torch.xlogy(padded.abs(), causal.abs() + 1)
+        return (y.log2().abs() + y.erfc() + y.tan().atan()).sum()
+
+
+def test_fused_attention_and_more_pointwise_ops_split_as_their_rules_say(one_thread):
+    from magis.capture.trace import training_step
+
+    torch.manual_seed(0)
+    step = training_step(_FusedAttention().double(), (torch.randn(4, 6, 8).double(),))
+    cases = _call_cases(step)
+    ops = {c[1].__name__.split(".")[0] for c in cases}
+    fused = "_scaled_dot_product_flash_attention_for_cpu"
+    assert {fused, f"{fused}_backward", "rsub", "atan2", "remainder", "hypot"} <= ops
+    checked = [c for c in cases if "attention" in c[1].__name__]
+    assert _checked_splits(checked) >= 12  # batch, heads (and queries) of four calls
+    assert _checked_splits(cases) > 60
+    g = prepare(step.graph)  # and the batch split of the whole step runs as eager does
+    tree = build_ftree(g)
+    i = max(range(len(tree)), key=lambda k: tree.nodes[k].size)
+    assert f"aten.{fused}_backward.default" in {g.node(v).op for v in tree.nodes[i].ftrans.nodes}
+    m = materialize(g, tree.with_n(i, 2))
+    v = verify(step, compile_program(m.graph, m.order), step.make_inputs())
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
 
 
 def test_a_gather_backward_no_longer_stops_the_batch_split(one_thread):
