@@ -494,8 +494,8 @@ def _mse(backward: bool) -> Rule:
 # --- reductions --------------------------------------------------------------------------------
 
 
-def _reduced_dims(args: tuple, x: TensorMeta) -> set[int]:
-    dims = args[1] if len(args) > 1 else None
+def _reduced_dims(args: tuple, x: TensorMeta, pos: int = 1, kwargs: dict | None = None) -> set[int]:
+    dims = args[pos] if len(args) > pos else (kwargs or {}).get("dim")
     if dims is None or dims == []:
         return set(range(len(x.shape)))
     if isinstance(dims, int):
@@ -503,14 +503,16 @@ def _reduced_dims(args: tuple, x: TensorMeta) -> set[int]:
     return {_norm(d, len(x.shape)) for d in dims}
 
 
-def _reduction(linear: bool) -> Rule:
-    """sum (linear: the reduced dims are reduce axes, parts summed) or mean/amax (the reduced
-    dims are read whole); kept dims are axes of the output."""
+def _reduction(linear: bool, dim_pos: int = 1) -> Rule:
+    """sum (linear: the reduced dims are reduce axes, parts summed) or mean/amax/a norm (the
+    reduced dims are read whole); kept dims are axes of the output. The dims are argument
+    `dim_pos`, keepdim the next (a vector norm's order comes first)."""
 
     def rule(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
         x = args[0]
-        keepdim = bool(args[2]) if len(args) > 2 else bool(kwargs.get("keepdim", False))
-        reduced = _reduced_dims(args, x)
+        keep_pos = dim_pos + 1
+        keepdim = bool(args[keep_pos]) if len(args) > keep_pos else bool(kwargs.get("keepdim"))
+        reduced = _reduced_dims(args, x, dim_pos, kwargs)
         b = _Builder(outs, _ins(args, kwargs))
         out_dims: list[Axis | None] = []
         in_dims: list[Axis | None] = []
@@ -984,6 +986,7 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "mean": _reduction(linear=False),
         "amax": _reduction(linear=False),
         "amin": _reduction(linear=False),
+        "linalg_vector_norm": _reduction(linear=False, dim_pos=2),
         **dict.fromkeys(("view", "_unsafe_view", "reshape", "_reshape_alias"), view),
         "permute": permute,
         "transpose": transpose,

@@ -404,7 +404,7 @@ def test_gather_backward_and_repeat_split_as_their_rules_say(one_thread):
 
 class _FusedAttention(torch.nn.Module):
     """`F.scaled_dot_product_attention` (Hugging Face's default attention) with a padding mask
-    and causally, and pointwise ops the workloads lack (rsub, atan2, remainder ...)."""
+    and causally, a vector norm, and pointwise ops the workloads lack (rsub, atan2 ...)."""
 
     def __init__(self, width: int = 8, heads: int = 2) -> None:
         super().__init__()
@@ -419,6 +419,7 @@ class _FusedAttention(torch.nn.Module):
         causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = (1.0 - padded).exp2() + torch.atan2(causal, padded.abs() + 1) + causal.remainder(0.5)
         y = y + torch.hypot(causal, padded) + torch.xlogy(padded.abs(), causal.abs() + 1)
+        y = y / (torch.linalg.vector_norm(y, dim=(1, 2), keepdim=True) + 1)  # ConvNeXt-V2's GRN
         return (y.log2().abs() + y.erfc() + y.tan().atan()).sum()
 
 
@@ -430,7 +431,7 @@ def test_fused_attention_and_more_pointwise_ops_split_as_their_rules_say(one_thr
     cases = _call_cases(step)
     ops = {c[1].__name__.split(".")[0] for c in cases}
     fused = "_scaled_dot_product_flash_attention_for_cpu"
-    assert {fused, f"{fused}_backward", "rsub", "atan2", "remainder", "hypot"} <= ops
+    assert {fused, f"{fused}_backward", "rsub", "atan2", "remainder", "linalg_vector_norm"} <= ops
     checked = [c for c in cases if "attention" in c[1].__name__]
     assert _checked_splits(checked) >= 12  # batch, heads (and queries) of four calls
     assert _checked_splits(cases) > 60
