@@ -867,6 +867,93 @@ def repeat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     return b.build()
 
 
+def _indexed(x: TensorMeta, indices: list) -> tuple[int, int, tuple[int, ...]] | None:
+    """(first indexed dim, how many, the index tensors' shape) of advanced indexing by a list
+    of index tensors and Nones, where the tensors are consecutive and of one shape."""
+    picked = [d for d, t in enumerate(indices) if t is not None]
+    shapes = {tuple(indices[d].shape) for d in picked}
+    if not picked or picked != list(range(picked[0], picked[-1] + 1)) or len(shapes) != 1:
+        return None
+    return picked[0], len(picked), shapes.pop()
+
+
+def _free_axes(b: _Builder, first: int, rank: int) -> list:
+    """Output 0's axes of an indexing result (x's dims before and after the indexed ones, the
+    index's dims between): the first as x's, the others not splittable."""
+    axes = b.out_axes(0)
+    out = [*axes[:first], *[None] * rank, *axes[first + rank :]]
+    b.outputs[0] = out
+    return out
+
+
+def index(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+    """x[..., idx, ...] (aten.index with index tensors): the dims no index selects run through x
+    and out; the index tensors are read whole."""
+    x, indices = args[0], list(args[1])
+    found = _indexed(x, indices)
+    if found is None:
+        return None
+    first, count, shape = found
+    b = _Builder(outs, _ins(args, kwargs))
+    out = _free_axes(b, first, len(shape))
+    b.input([*out[:first], *[None] * count, *out[first + len(shape) :]])
+    for t in indices:
+        if t is not None:
+            b.input([None] * len(t.shape))
+    return b.build()
+
+
+def index_put(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+    """index_put(x, indices, values, accumulate) (indexing's backward): out has x's shape; the
+    dims no index selects run through x, out and values (aligned from the right where their
+    sizes agree); the index tensors are read whole."""
+    x, indices, values = args[0], list(args[1]), args[2]
+    found = _indexed(x, indices)
+    if found is None:
+        return None
+    first, count, shape = found
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = b.out_axes(0)
+    free = [None if first <= d < first + count else a for d, a in enumerate(axes)]
+    b.outputs[0] = free
+    b.input(free)
+    for t in indices:
+        if t is not None:
+            b.input([None] * len(t.shape))
+    full = [*free[:first], *[None] * len(shape), *free[first + count :]]
+    target = (*x.shape[:first], *shape, *x.shape[first + count :])
+    off = len(target) - len(values.shape)
+    b.input([full[d + off] if off + d >= 0 and values.shape[d] == target[d + off] else None
+             for d in range(len(values.shape))])  # fmt: skip
+    return b.build()
+
+
+def index_select(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """index_select(x, dim, index): the dims other than `dim` run through x and out."""
+    x = args[0]
+    dim = _norm(args[1], len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [None if d == dim else a for d, a in enumerate(b.out_axes(0))]
+    b.outputs[0] = axes
+    b.input(axes)
+    b.input([None])
+    return b.build()
+
+
+def index_add(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """index_add(x, dim, index, source) (index_select's backward): out has x's shape; the dims
+    other than `dim` run through x, source and out."""
+    x = args[0]
+    dim = _norm(args[1], len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [None if d == dim else a for d, a in enumerate(b.out_axes(0))]
+    b.outputs[0] = axes
+    b.input(axes)
+    b.input([None])
+    b.input(axes)
+    return b.build()
+
+
 def _option(args: tuple, kwargs: dict, pos: int, name: str, default: Any) -> Any:
     """A scalar argument given by position or by name, or its default."""
     return args[pos] if len(args) > pos else kwargs.get(name, default)
@@ -1018,6 +1105,10 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "upsample_nearest2d_backward": _upsample_backward,
         "constant_pad_nd": constant_pad_nd,
         "gather": gather,
+        "index": index,
+        "index_put": index_put,
+        "index_select": index_select,
+        "index_add": index_add,
         "_scaled_dot_product_flash_attention_for_cpu": flash_attention_cpu,
         "_scaled_dot_product_flash_attention_for_cpu_backward": flash_attention_cpu_backward,
         "scatter_add": scatter_add,

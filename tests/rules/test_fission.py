@@ -404,7 +404,7 @@ def test_gather_backward_and_repeat_split_as_their_rules_say(one_thread):
 
 class _FusedAttention(torch.nn.Module):
     """`F.scaled_dot_product_attention` (Hugging Face's default attention) with a padding mask
-    and causally, a vector norm, and pointwise ops the workloads lack (rsub, atan2 ...)."""
+    and causally, a vector norm, indexing, and pointwise ops the workloads lack (rsub ...)."""
 
     def __init__(self, width: int = 8, heads: int = 2) -> None:
         super().__init__()
@@ -420,6 +420,8 @@ class _FusedAttention(torch.nn.Module):
         y = (1.0 - padded).exp2() + torch.atan2(causal, padded.abs() + 1) + causal.remainder(0.5)
         y = y + torch.hypot(causal, padded) + torch.xlogy(padded.abs(), causal.abs() + 1)
         y = y / (torch.linalg.vector_norm(y, dim=(1, 2), keepdim=True) + 1)  # ConvNeXt-V2's GRN
+        picked = torch.tensor([2, 0])
+        y = y[:, :, picked] + y.index_select(2, picked)  # index's and index_select's backward
         return (y.log2().abs() + y.erfc() + y.tan().atan()).sum()
 
 
@@ -431,7 +433,10 @@ def test_fused_attention_and_more_pointwise_ops_split_as_their_rules_say(one_thr
     cases = _call_cases(step)
     ops = {c[1].__name__.split(".")[0] for c in cases}
     fused = "_scaled_dot_product_flash_attention_for_cpu"
-    assert {fused, f"{fused}_backward", "rsub", "atan2", "remainder", "linalg_vector_norm"} <= ops
+    assert {fused, f"{fused}_backward", "rsub", "atan2", "linalg_vector_norm"} <= ops
+    assert {"index", "index_put", "index_select", "index_add"} <= ops
+    indexing = [c for c in cases if c[1].__name__.startswith("index")]
+    assert _checked_splits(indexing) >= 12  # batch and heads of each of four calls
     checked = [c for c in cases if "attention" in c[1].__name__]
     assert _checked_splits(checked) >= 12  # batch, heads (and queries) of four calls
     assert _checked_splits(cases) > 60
