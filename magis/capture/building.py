@@ -92,8 +92,8 @@ class _SmallConstantsReal(TorchDispatchMode):
     """Under a FakeTensorMode: an op that reads no fake tensor and makes only small tensors runs
     for real, so a constructor can read the values it computes (`torch.linspace(...).tolist()`
     for drop-path rates, PoolFormer's and many vision models'). The output size is found on the
-    meta device first, so no large tensor is ever allocated; an op that cannot run there (a
-    scalar read, `.item()`) makes a scalar."""
+    meta device first, so no large tensor is allocated; an op that cannot run there (a value
+    read, `.item()`) runs for real when its inputs are small."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -118,8 +118,10 @@ def _makes_small_tensors(func, args: tuple, kwargs: dict) -> bool:
         mkwargs["device"] = meta
     try:
         out = func(*margs, **mkwargs)
-    except Exception:  # noqa: BLE001 - no meta kernel: a data-dependent read, a scalar
-        return True
+    except Exception:  # noqa: BLE001 - no meta kernel: a value read (.item()), or an op
+        # that has none; it runs for real only on small tensors
+        ins = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        return all(t.numel() <= SMALL_CONSTANT_NUMEL for t in ins)
     made = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     return all(t.numel() <= SMALL_CONSTANT_NUMEL for t in made)
 
