@@ -51,13 +51,15 @@ from magis.ir import Graph, Ref
 DEFAULT_MAX_LEVEL = 4
 
 
-def memory_hotspots(graph: Graph, order: list[int] | None = None) -> frozenset[Ref]:
-    """H (§2.1): the storages live at a step where the peak is reached, under `order`."""
-    from magis.cost import UnitCostModel  # memory does not depend on the cost model
-    from magis.sim import simulate
+def memory_hotspots(
+    graph: Graph, order: list[int] | None = None, near_peak: float = 0.0
+) -> frozenset[Ref]:
+    """H (§2.1): the storages live at a step where the peak is reached, under `order`; with
+    `near_peak`, at a step within that fraction of the peak (`sim.near_peak_storages`)."""
+    from magis.sim import near_peak_storages
 
     order = graph.program_order() if order is None else order
-    return frozenset(h.storage for h in simulate(graph, order, UnitCostModel()).hotspots)
+    return near_peak_storages(graph, order, near_peak)
 
 
 @dataclass(frozen=True)

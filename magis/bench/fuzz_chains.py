@@ -194,7 +194,7 @@ def fission_step(
     `state` with the moves dropped counted when none of the few tried applies (what the search
     skips: n does not divide, a bad split, ops that fail on the derived strides)."""
     lineage = state.lineage
-    offered = list(itertools.islice(fission_moves.moves(lineage.tree), 24))
+    offered = list(itertools.islice(fission_moves.moves(lineage.tree, twins=True), 24))
     offered += [(d, lambda t=t: t) for d, t in random_n_trees(lineage.tree, rng)]
     rng.shuffle(offered)
     rejected = state.meta_rejected

@@ -129,7 +129,9 @@ class Evaluator:
                     "fission:" + d.split()[0],
                     lambda b=build, d=d: self.fission_child(state, b, "fission:" + d.split()[0]),
                 )
-                for d, build in fission_moves.moves(state.fission.tree, limit, wants_memory)
+                for d, build in fission_moves.moves(
+                    state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
+                )
             )
         inside = replace(ctx, frozen=frozenset()) if ctx.frozen else ctx
         if wants_memory is not None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from magis.analyze.ftree import FTree, build_ftree
+from magis.analyze.ftree import FTree, build_ftree, memory_hotspots
 from magis.errors import MagisError
 from magis.ir import Graph
 from magis.rules import (
@@ -59,6 +59,12 @@ class Fissioned:
     materialized: Materialized
 
 
+# A re-analysis's H: the storages live within 1% of the peak. After a split in n the parts
+# repeat one another, and a part's peak is the next one's within a fraction of a percent
+# (Qwen2's batch split in 2: the two loss blocks' steps at 17.952 and 17.949 GiB).
+REANALYSIS_NEAR_PEAK = 0.01
+
+
 def analyze(
     graph: Graph,
     order: list[int],
@@ -72,7 +78,8 @@ def analyze(
     The initial state's base is ordered topologically. A `reanalysis` keeps `order`, the
     state's schedule (where re-materializations and Loads were placed matters), and offers hot
     dominators split with their sub-graphs (`build_ftree`'s `hot_entries`): by then the peak
-    is often an input gradient whose readers alone are not worth splitting.
+    is often an input gradient whose readers alone are not worth splitting. Its hot-spots are
+    those near the peak (`REANALYSIS_NEAR_PEAK`), so that a split's parts are hot together.
 
     `naive_seed` set builds the ablation's naive F-Tree instead of Alg. 1 (MAGIS §7.2.5,
     "naive-fission": valid sub-graphs and dimensions picked at random, heuristic H1 off)."""
@@ -80,7 +87,10 @@ def analyze(
         base = prepare(graph, order)
         base_order = base.program_order() if reanalysis else base.topological_order()
         if naive_seed is None:
-            tree = build_ftree(base, max_level, order=base_order, hot_entries=reanalysis)
+            hot = memory_hotspots(base, base_order, REANALYSIS_NEAR_PEAK) if reanalysis else None
+            tree = build_ftree(
+                base, max_level, hotspots=hot, order=base_order, hot_entries=reanalysis
+            )
         else:
             from magis.analyze.naive import naive_ftree
 
@@ -105,7 +115,7 @@ class Reanalysis:
     far (an LLM graph's analysis costs seconds, a CNN's tens of milliseconds)."""
 
     max_level: int
-    seconds_per_node2: float  # analysis cost model: seconds per squared node (the largest seen)
+    scale: float  # analysis cost model: seconds = scale * nodes ** ANALYSIS_EXPONENT
     share: float = 0.1
     spent: float = 0.0
     epochs: int = 0
@@ -126,7 +136,7 @@ class Reanalysis:
         key is then remembered). An analysis expected to overrun its share, or the `left`
         seconds of the budget, is not started: a 16-way split gpt-neo-1.3b graph (63k nodes)
         takes a minute and more."""
-        expected = self.seconds_per_node2 * nodes**2
+        expected = analysis_seconds(self.scale, nodes)
         over_share = self.spent + expected > self.share * elapsed
         if key in self.analysed or over_share or expected > left:
             return False
@@ -137,10 +147,28 @@ class Reanalysis:
         """Count an analysis that took `took` seconds on `nodes` nodes (wherever it ran); the
         epoch of the lineage it found."""
         self.spent += took
-        self.seconds_per_node2 = max(self.seconds_per_node2, took / nodes**2)
+        self.scale = analysis_scale(took, nodes)
         if found:
             self.epochs += 1
         return self.epochs
+
+
+# How an analysis's time grows with the graph. On Qwen2 the initial state (analysis, schedule,
+# hash) of 7,280 nodes took 0.75 s and re-analyses of its batch split's 13,900 nodes 1.0-1.45 s:
+# nearly linear. A square law (as before) expected 2.7 s and kept the first re-analysis waiting
+# until 27 s into a 45 s search. The 1.5 power stays cautious for the far larger graphs of
+# many-way splits (gpt-neo-1.3b split in 16, 63,000 nodes: a minute and more).
+ANALYSIS_EXPONENT = 1.5
+
+
+def analysis_scale(seconds: float, nodes: int) -> float:
+    """The cost model's scale from an analysis of `nodes` nodes that took `seconds` (the
+    latest one: a search's graphs grow, and the latest is the nearest in size)."""
+    return seconds / max(nodes, 1) ** ANALYSIS_EXPONENT
+
+
+def analysis_seconds(scale: float, nodes: int) -> float:
+    return scale * nodes**ANALYSIS_EXPONENT
 
 
 def hotspot_key(hotspots) -> frozenset:
@@ -161,18 +189,20 @@ _TIME_RANK = {"coarsen": 0, "disable": 1, "lift": 2, "enable": 3, "mutate": 4}
 
 
 def moves(
-    tree, limit: int | None = None, wants_memory: bool | None = None
+    tree, limit: int | None = None, wants_memory: bool | None = None, twins: bool = False
 ) -> Iterator[tuple[str, object]]:
     """Lazy (description, build-new-tree) pairs: every applicable F-Tree mutation (at most
     `limit`), the most promising first — enabling and splitting further before lifting or
     disabling, and within a kind the tree-nodes of highest score (Eq. 4: the peak reduction an
     F-Trans promises). When the objective wants time, not memory (`wants_memory` False: a
     memory limit met, or a latency limit missed), splitting in fewer parts and disabling come
-    first, the repeated layers' levels at once before one node at a time."""
-    yield from itertools.islice(_all_moves(tree, wants_memory is False), limit)
+    first, the repeated layers' levels at once before one node at a time. `twins` (a
+    re-analysis's tree) offers groups of twins enabled at once (`_twin_moves`) with the
+    one-step enables."""
+    yield from itertools.islice(_all_moves(tree, wants_memory is False, twins), limit)
 
 
-def _all_moves(tree, wants_time: bool) -> Iterator[tuple[str, object]]:
+def _all_moves(tree, wants_time: bool, twins: bool = False) -> Iterator[tuple[str, object]]:
     ranks = _TIME_RANK if wants_time else _RULE_RANK
 
     def rank(cand) -> tuple:
@@ -182,11 +212,15 @@ def _all_moves(tree, wants_time: bool) -> Iterator[tuple[str, object]]:
     if wants_time:
         yield from _level_moves(tree, (MutationKind.COARSEN,))
     else:
+        if twins:
+            yield from _twin_moves(tree)
         yield from _direct_moves(tree)
         yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
     for cand in sorted(mutations(tree), key=rank):
         yield cand.description, cand.build
     if wants_time:  # the large splits last: they cost time
+        if twins:
+            yield from _twin_moves(tree)
         yield from _direct_moves(tree)
         yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
 
@@ -213,6 +247,84 @@ def _direct_moves(tree) -> Iterator[tuple[str, object]]:
             continue
         for n in reversed(direct_fission_numbers(tree, i, DIRECT_FISSION_NUMBERS)):
             yield f"enable-direct {i}", lambda i=i, n=n: enable_directly(tree, i, n)
+
+
+TWIN_MOVES = 1  # twin groups offered, the densest first
+TWIN_TOLERANCE = 0.05
+# A group is offered only when each of its members promises at least this share of the
+# tree's best score: a transformer's 48 per-layer leaves of 0.04 GiB each (the densest group
+# once Qwen2's loss blocks are split) cost a materialization of seconds and save nothing.
+TWIN_MIN_SCORE = 0.1
+
+
+def _twin_moves(tree) -> Iterator[tuple[str, object]]:
+    """Groups of twins (`twin_groups`) each enabled in one move, in about 2, 4 and 8 parts;
+    the groups that save the most per node split first (a proxy for the time a split costs:
+    Qwen2's loss blocks, 15 nodes saving 2.3 GiB each, before its 2,800-node halves).
+
+    After a split in n the parts repeat one another: enabling one part's region lowers a peak
+    that the next part reaches again (Qwen2 split along the batch in 2: splitting one loss
+    block's rows moved the peak from 17.952 to its twin's 17.949 GiB), so no single move
+    improves and the search never takes the second."""
+    groups = sorted(twin_groups(tree), key=lambda g: -_density(tree, g))
+    top = max((x.score for x in tree.nodes), default=0.0)
+    worth = [g for g in groups if tree.nodes[g[0]].score >= TWIN_MIN_SCORE * top]
+    for group in worth[:TWIN_MOVES]:
+        for n in reversed(direct_fission_numbers(tree, group[0], DIRECT_FISSION_NUMBERS)):
+            yield f"enable-twins {group[0]}", lambda g=group, n=n: _enable_all(tree, g, n)
+
+
+def twin_groups(tree) -> list[tuple[int, ...]]:
+    """The directly enableable tree-nodes that repeat one another, in groups of two and more:
+    at one level, along dimensions as long, sizes and scores within `TWIN_TOLERANCE`, sharing
+    no graph node. Twins are hot together only under a re-analysis's near-peak hot-spots."""
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for i in directly_enableable(tree):
+        buckets.setdefault((tree.nodes[i].level, tree.nodes[i].length), []).append(i)
+    groups = []
+    for members in buckets.values():
+        members.sort(key=lambda i: -tree.nodes[i].score)
+        grouped: set[int] = set()
+        for i in members:
+            if i in grouped:
+                continue
+            group, taken = [i], set(_split_nodes(tree.nodes[i]))
+            for j in members:
+                if j in grouped or j == i or not _repeats(tree.nodes[i], tree.nodes[j]):
+                    continue
+                own = _split_nodes(tree.nodes[j])
+                if taken.isdisjoint(own):
+                    group.append(j)
+                    taken.update(own)
+            if len(group) > 1:
+                grouped.update(group)
+                groups.append(tuple(group))
+    return groups
+
+
+def _repeats(a, b) -> bool:
+    if (a.level, a.length) != (b.level, b.length):
+        return False
+    return _close(a.size, b.size) and _close(a.score, b.score)
+
+
+def _close(x: float, y: float) -> bool:
+    return abs(x - y) <= TWIN_TOLERANCE * max(abs(x), abs(y))
+
+
+def _density(tree, group: tuple[int, ...]) -> float:
+    return sum(tree.nodes[i].score for i in group) / sum(tree.nodes[i].size for i in group)
+
+
+def _split_nodes(node) -> list[int]:
+    return [v for v, _ in node.ftrans.split]
+
+
+def _enable_all(tree, nodes: tuple[int, ...], n: int):
+    """Every one of `nodes` enabled with fission number n."""
+    for i in nodes:
+        tree = enable_directly(tree, i, n)
+    return tree
 
 
 def _level_moves(tree, kinds: tuple[MutationKind, ...]) -> Iterator[tuple[str, object]]:

@@ -238,7 +238,7 @@ class _Search:
         ranking.observe(init, 0.0)
         queue = SearchQueue(ranking)
         queue.push(init)
-        per_node2 = init_seconds / max(len(graph), 1) ** 2
+        scale = fission_moves.analysis_scale(init_seconds, len(graph))
         return _Search(
             objective,
             options,
@@ -249,7 +249,7 @@ class _Search:
             queue,
             init,
             init,
-            fission_moves.Reanalysis(options.max_level, per_node2),
+            fission_moves.Reanalysis(options.max_level, scale),
             on_improvement,
             [Improvement(0.0, init.memory, init.latency, "initial")],
             workers,

@@ -1,6 +1,13 @@
 """The simulator: schedule -> latency, memory timeline, peak, hot-spots (MAGIS §2.1, §6.2)."""
 
-from magis.sim.simulator import Category, Hotspot, SimResult, memory_timeline, simulate
+from magis.sim.simulator import (
+    Category,
+    Hotspot,
+    SimResult,
+    memory_timeline,
+    near_peak_storages,
+    simulate,
+)
 from magis.sim.tables import Tables, derive_facts, derive_node_times, node_times, tables
 
 __all__ = [
@@ -11,6 +18,7 @@ __all__ = [
     "derive_facts",
     "derive_node_times",
     "memory_timeline",
+    "near_peak_storages",
     "node_times",
     "simulate",
     "tables",

@@ -234,6 +234,20 @@ def simulate(
     )
 
 
+def near_peak_storages(graph: Graph, order, tolerance: float) -> frozenset[Ref]:
+    """The storages live at any step of `order` whose memory is within `tolerance` (a
+    fraction) of the peak. With 0, the hot-spots of `simulate`. A step a little below the peak
+    matters as much as the peak when lowering the peak moves it there: after a split in n, the
+    n parts repeat one another, and each part's copy of a tensor is hot in turn."""
+    t = tables(graph)
+    timeline, alloc, free = memory_timeline(graph, order)
+    if len(timeline) == 0:
+        return frozenset()
+    floor = int(timeline.max()) * (1.0 - tolerance)
+    steps = np.flatnonzero(timeline >= floor)
+    return frozenset(t.storages[i] for i in _hotspots(t, alloc, free, steps).tolist())
+
+
 def _hotspots(t: Tables, alloc, free, peak_steps: np.ndarray) -> np.ndarray:
     """Rows of the storages live at a peak step, largest first (ties in table order)."""
     idx = np.searchsorted(peak_steps, alloc)

@@ -271,7 +271,7 @@ def test_reanalysis_splits_hot_entries_and_its_plans_verify():
     _, step = workload_step("unet:tiny", dtype=torch.float64)
     cost = get_cost_model("rtx3090")
     state = initial_state(step.graph, cost, fission=False)
-    reanalysis = fission_moves.Reanalysis(max_level=4, seconds_per_node2=0.0)
+    reanalysis = fission_moves.Reanalysis(max_level=4, scale=0.0)
     lineage = reanalysis.lineage(
         state.graph, state.order, state.sim.hotspots, frozenset(), elapsed=1e9
     )
