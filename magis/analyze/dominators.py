@@ -8,9 +8,12 @@ Decisions:
   it; paths from other inputs (labels, weights: footnote 3) are ignored, as the reference MAGIS
   does, and nodes it does not reach are left out of the tree;
 - a sub-graph without it (a dimension that starts behind a batch norm, a weight dimension) gets a
-  virtual entry joined to all its sources, so every node is in the tree. The virtual entry is no
-  node of the graph; as a dominator (Alg. 1's v_dom) its sub-graph is the whole sub-graph, as the
-  data input's is.
+  virtual entry joined to its computed sources, so that, as with the data input, paths from
+  other inputs (the labels) are ignored; joined to all its sources when every one is an input (a
+  weight dimension). The virtual entry is no node of the graph; as a dominator (Alg. 1's v_dom)
+  its sub-graph is the whole sub-graph, as the data input's is. (Joined to the labels too, the
+  loss block of a re-analysed decoder — its log-softmax, NLL and their backward, 3 x 781 MiB on
+  Bloom — had two entries, the logits and the labels, and no dominator but the virtual one.)
 
 The tree is laid out for subtree queries: `order` is a preorder (DFS) numbering, so the
 descendants of v are the preorder interval [tin[v], tout[v]], and subtree sums are differences of
@@ -104,7 +107,8 @@ def _subgraph(graph: Graph, nodes: Sequence[int], entry: int) -> tuple[rx.PyDiGr
     if entry == VIRTUAL:
         root = sub.add_node(VIRTUAL)
         sources = [i for i in sub.node_indices() if i != root and sub.in_degree(i) == 0]
-        sub.add_edges_from_no_data([(root, s) for s in sources])
+        computed = [i for i in sources if not graph.node(sub[i]).is_placeholder]
+        sub.add_edges_from_no_data([(root, s) for s in computed or sources])
         payload.append(VIRTUAL)
     return sub, payload
 

@@ -619,3 +619,28 @@ def test_a_diffusion_unet_splits_whole_along_the_batch_and_verifies(one_thread):
     inputs = step.make_inputs()
     v = verify(step, compile_program(m.graph, m.order), inputs)
     assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+
+
+def test_a_virtual_entry_ignores_the_labels_as_the_data_input_does():
+    """Without the data input in a sub-graph, the virtual entry joins its computed sources only:
+    the loss reading the labels is then dominated by the logits' producer (a re-analysed
+    decoder's loss block, once its data input lies in another component), not by the entry."""
+    from magis.analyze.dominators import VIRTUAL
+
+    b = GraphBuilder(torch.float64)
+    h = b.input("h", (8, 4))
+    labels = b.input("labels", (8, 4))
+    w = b.weight("w", (4, 4))
+    logits = b.mm(b.relu(h, name="act"), w, name="logits")
+    loss = b.mul(b.sub(logits, labels, name="residual"), logits, name="loss")
+    b.output(loss)
+    g = b.build()
+    n = _named(g)
+    nodes = [n[k] for k in ("labels", "act", "logits", "residual", "loss")]  # h left out
+    tree = dominator_tree(g, nodes)
+    assert tree.nodes[0] == VIRTUAL
+    parent = {int(tree.nodes[i]): int(tree.nodes[p]) for i, p in enumerate(tree.parent) if p >= 0}
+    assert parent[n["residual"]] == n["logits"]
+    assert n["labels"] not in parent  # an input reached from no computed source: left out
+    only_inputs = dominator_tree(g, [n["labels"], n["w"]])  # every source an input: joined
+    assert set(only_inputs.nodes.tolist()) == {VIRTUAL, n["labels"], n["w"]}
