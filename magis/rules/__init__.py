@@ -35,6 +35,7 @@ from magis.rules.ftree_moves import (
     mutations,
 )
 from magis.rules.mincut_remat import MINCUT_REMAT
+from magis.rules.relax import RELAX
 from magis.rules.remat import DEREMAT, REMAT, recompute_call
 from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
 from magis.rules.taso import TASO_RULES
@@ -46,6 +47,7 @@ __all__ = [
     "DESWAP",
     "FTREE_MUTATIONS",
     "MINCUT_REMAT",
+    "RELAX",
     "REMAT",
     "REMAT_TO_SWAP",
     "SWAP",

@@ -16,12 +16,15 @@ import enum
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import rustworkx as rx
 
 from magis.ir import Graph
 from magis.sim import SimResult
+
+if TYPE_CHECKING:
+    from magis.cost import CostModel
 
 G = TypeVar("G")
 
@@ -67,6 +70,11 @@ class RuleContext:
     frozen: frozenset[int] = frozenset()
     hotspots_only: bool = True
     max_candidates: int = 16
+    # The peak a rewrite that gives time back may reach (`Objective.memory_ceiling`: the
+    # memory limit, or under a latency limit the state's own peak); None: the state's peak.
+    ceiling: int | None = None
+    # The search's cost model, for rules that weigh what a rewrite gives back in seconds.
+    cost: CostModel | None = None
 
     # What several rules derive from one state and would otherwise each rebuild (the
     # recomputed copies: re-materialization's dual and the swap trade both read them). Not an
@@ -78,6 +86,11 @@ class RuleContext:
         """Node -> step of `order`; built once per context (every hot storage's candidate
         generation reads it, thousands of times per search)."""
         return {nid: i for i, nid in enumerate(self.order)}
+
+    @property
+    def memory_ceiling(self) -> int:
+        """`ceiling`, or the state's own peak when none was given."""
+        return self.sim.peak_bytes if self.ceiling is None else self.ceiling
 
 
 @dataclass(frozen=True)

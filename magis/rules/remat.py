@@ -189,18 +189,18 @@ def recompute_segment_into(g: Graph, reads: LateReads, chain: tuple[int, ...]) -
     for nid in chain:
         node = g.node(nid)
         args, kwargs = recompute_call(g, nid)
-        args = tuple(_mapped(a, mapping) for a in args)
+        args = tuple(remap(a, mapping) for a in args)
         twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
         for i in range(len(node.outputs)):
             mapping[Ref(nid, i)] = Ref(twin, i)
     return redirect_late_reads(g, reads, mapping[reads.storage])
 
 
-def _mapped(arg, mapping: dict[Ref, Ref]):
+def remap(arg, mapping: dict[Ref, Ref]):
     if isinstance(arg, Ref):
         return mapping.get(arg, arg)
     if isinstance(arg, list | tuple):
-        return type(arg)(_mapped(a, mapping) for a in arg)
+        return type(arg)(remap(a, mapping) for a in arg)
     return arg
 
 
@@ -274,17 +274,17 @@ def _duplicate_key(graph: Graph, nid: int):
     call = recompute_call(graph, nid)
     args, kwargs = call if call is not None else (node.args, node.kwargs_dict)
     try:
-        key = (node.op, _frozen(args), _frozen(tuple(sorted(kwargs.items()))))
+        key = (node.op, freeze(args), freeze(tuple(sorted(kwargs.items()))))
         hash(key)
     except TypeError:  # unhashable constants: never merged
         return None
     return key
 
 
-def _frozen(value):
+def freeze(value):
     """`value` with lists as tuples (a view's shape argument is a list)."""
     if isinstance(value, list | tuple):
-        return (type(value).__name__, *map(_frozen, value))
+        return (type(value).__name__, *map(freeze, value))
     return value
 
 

@@ -54,6 +54,12 @@ def unswap(graph: Graph, load: int) -> Rewritten:
 def unswap_all(graph: Graph, loads: list[int]) -> Rewritten:
     """`unswap` of every Load of `loads`, on one copy of the graph."""
     g = graph.copy()
+    changed, removed = unswap_all_into(g, loads)
+    return Rewritten(g, frozenset(), frozenset(changed), frozenset(removed))
+
+
+def unswap_all_into(g: Graph, loads: list[int]) -> tuple[set[int], set[int]]:
+    """`unswap_all`'s edit, made on `g` itself; returns (changed, removed) node ids."""
     changed: set[int] = set()
     removed: set[int] = set()
     for load in loads:
@@ -65,7 +71,7 @@ def unswap_all(graph: Graph, loads: list[int]) -> Rewritten:
         if not g.users(store):
             g.remove_node(store)
             removed.add(store)
-    return Rewritten(g, frozenset(), frozenset(changed - removed), frozenset(removed))
+    return changed - removed, removed
 
 
 def _stored_value(graph: Graph, load: int) -> Ref:

@@ -26,7 +26,7 @@ from magis.search.decisions import Decision
 from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
-from magis.search.state import MState
+from magis.search.state import MState, Objective
 from magis.sim import SimResult, derive_facts, derive_node_times, simulate, tables
 
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
@@ -102,6 +102,19 @@ class Evaluator:
             self.stats.meta_rejected += 1
             return None
         return report
+
+    def context(self, state: MState, hotspots_only: bool, objective: Objective) -> RuleContext:
+        """What the rules see of `state`, with the ceiling `objective` puts on moves that give
+        time back and the cost model they weigh it with."""
+        return RuleContext(
+            state.graph,
+            state.order,
+            state.sim,
+            state.frozen,
+            hotspots_only,
+            ceiling=objective.memory_ceiling(state),
+            cost=self.cost,
+        )
 
     def moves(
         self,

@@ -33,12 +33,12 @@ from magis.rules import (
     DEREMAT,
     DESWAP,
     MINCUT_REMAT,
+    RELAX,
     REMAT,
     REMAT_TO_SWAP,
     SWAP,
     TASO_RULES,
     Rule,
-    RuleContext,
 )
 from magis.schedule import schedule
 from magis.search import concurrent, fission_moves, parallel
@@ -69,6 +69,7 @@ def default_rules(mode: Mode | None = None) -> tuple[Rule, ...]:
         SWAP,
         DESWAP,
         *trade,
+        RELAX,
         COMPACT,
         DECOMPACT,
         MINCUT_REMAT,
@@ -295,9 +296,7 @@ class _Search:
             return parallel.expand(self, state, moves)
         if moves is None:
             state = self._reanalysed(state)
-            ctx = RuleContext(
-                state.graph, state.order, state.sim, state.frozen, self.options.hotspots_only
-            )
+            ctx = self.evaluator.context(state, self.options.hotspots_only, self.objective)
             wants = self.objective.wants_memory(state)
             moves = self.evaluator.moves(state, self.rules, ctx, wants)
         evaluated = 0

@@ -77,6 +77,11 @@ class Objective:
         it misses): then the moves that save memory are the ones to try first."""
         return (self.mode is Mode.LATENCY_LIMIT) == self.satisfied(s)
 
+    def memory_ceiling(self, s: MState) -> int:
+        """The peak a move that gives time back may reach from `s`: the memory limit, or
+        under a latency limit `s`'s own peak (`rules.relax`)."""
+        return int(self.limit) if self.mode is Mode.MEMORY_LIMIT else s.memory
+
     def better(self, a: MState, b: MState) -> bool:
         return self.key(a) < self.key(b)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from magis.errors import MagisError
 from magis.ir import DEFAULT_REGISTRY, DerivedKey
-from magis.rules import Rule, RuleContext
+from magis.rules import Rule
 from magis.search.collector import worker_pace
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
@@ -313,7 +313,7 @@ class ChildWorker:
 
     def _stream(self, sid: Sid) -> Iterator:
         state = self.states[sid]
-        ctx = RuleContext(state.graph, state.order, state.sim, state.frozen, self.hotspots_only)
+        ctx = self.evaluator.context(state, self.hotspots_only, self.objective)
         wants = self.objective.wants_memory(state)
         return self.evaluator.moves(state, self.rules, ctx, wants)
 

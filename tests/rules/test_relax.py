@@ -1,0 +1,153 @@
+"""Relaxation (rules/relax.py): the recomputations and swaps a state has room to do without,
+undone in one child. Its children run and match eager PyTorch, its estimate of the room is
+kept, and it gives time back."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from magis.backend import compile_program, verify
+from magis.baselines import BaselinePoint, get_baseline
+from magis.capture import workload_step
+from magis.cost import get_cost_model
+from magis.ir.graph import StorageMap, derive_storages
+from magis.ir.ops import LOAD_OP
+from magis.rules import RELAX, REMAT, SWAP, RuleContext
+from magis.rules.relax import Undo, fitting, recomputed_copies
+from magis.rules.remat import recomputed_pairs
+from magis.schedule.swaps import time_swaps
+from magis.search.reschedule import order_without_solving
+from magis.sim import simulate
+
+COST = get_cost_model("rtx3090")
+
+
+@pytest.fixture(scope="module")
+def bert_tiny():
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    return step
+
+
+def _context(graph, order, ceiling=None):
+    sim = simulate(graph, order, COST)
+    return RuleContext(graph, tuple(order), sim, ceiling=ceiling, cost=COST)
+
+
+def _apply(graph, order, rewrite):
+    res = rewrite.build()
+    placed = order_without_solving(order, res)
+    assert placed is not None and res.graph.is_valid_schedule(placed), rewrite.description
+    return res, time_swaps(res.graph, placed, COST)
+
+
+def _check(step, graph, order):
+    check = verify(step, compile_program(graph, order), step.make_inputs())
+    assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
+
+
+def _recomputed_and_swapped(step):
+    """bert-base:tiny with its repeated hot kinds recomputed (whole segments), then swapped."""
+    graph, order = step.graph, list(step.graph.program_order())
+    for rule in (REMAT, REMAT, SWAP):
+        group = next(rw for rw in rule.match(_context(graph, order)) if "like it" in rw.description)
+        res, order = _apply(graph, order, group)
+        graph = res.graph
+    return graph, order
+
+
+def test_relaxing_with_room_for_everything_undoes_every_recomputation_and_swap(bert_tiny):
+    """With room for everything under the ceiling, one child merges
+    every recomputed copy back (the whole segments, not only their first nodes), removes the
+    copies and drops every swap; it runs as eager PyTorch does, its storage map derived from
+    the parent's is the fresh one, and it gives back the time the rewrites cost."""
+    graph, order = _recomputed_and_swapped(bert_tiny)
+    ctx = _context(graph, order, ceiling=10 * simulate(graph, order, COST).peak_bytes)
+    assert len(recomputed_copies(ctx)) > len(recomputed_pairs(ctx)) > 0  # segments: all of them
+    everything = [
+        rw
+        for rw in RELAX.match(ctx)
+        if "recomputed" in rw.description and "swaps" in rw.description
+    ]
+    assert everything, [rw.description for rw in RELAX.match(ctx)]
+    res, placed = _apply(graph, order, everything[0])
+    after = _context(res.graph, placed)
+    assert recomputed_copies(after) == []
+    assert not any(res.graph.node(n).op == LOAD_OP for n in res.graph.nodes)
+    assert after.sim.latency_s < ctx.sim.latency_s
+    assert len(res.graph) == len(bert_tiny.graph)
+    _check(bert_tiny, res.graph, placed)
+    derived = derive_storages(graph, res.graph, res.added, res.changed, res.removed)
+    fresh = StorageMap.build(res.graph)
+    assert derived.base == fresh.base and derived.nbytes == fresh.nbytes
+    assert {s: set(r) for s, r in derived.readers.items()} == {
+        s: set(r) for s, r in fresh.readers.items()
+    }
+
+
+def test_every_relaxation_at_the_states_own_peak_runs_exactly(bert_tiny):
+    """Under the state's own peak (a latency limit's ceiling) each child offered runs as eager
+    PyTorch does; the undos kept are fewer than with room to spare."""
+    graph, order = _recomputed_and_swapped(bert_tiny)
+    ctx = _context(graph, order)
+    offered = list(RELAX.match(ctx))
+    roomy = _context(graph, order, ceiling=2 * ctx.sim.peak_bytes)
+    assert len(offered) <= len(list(RELAX.match(roomy)))
+    for rw in offered:
+        res, placed = _apply(graph, order, rw)
+        _check(bert_tiny, res.graph, placed)
+
+
+def test_relaxing_a_peers_swaps_on_a_concatenating_cnn_runs_exactly():
+    """pofo's plan of a DenseNet (its swaps of concatenations) relaxed under the program
+    order's peak: the swaps dropped, the program exact."""
+    _, step = workload_step("corpus:densenet121:tiny", dtype=torch.float64)
+    point = next(
+        p for p in get_baseline("pofo").points(step.graph, COST) if isinstance(p, BaselinePoint)
+    )
+    ceiling = simulate(step.graph, step.graph.program_order(), COST).peak_bytes
+    ctx = _context(point.graph, point.order, ceiling=ceiling)
+    (first, *_) = RELAX.match(ctx)
+    assert "swaps dropped" in first.description
+    res, placed = _apply(point.graph, point.order, first)
+    assert sum(res.graph.node(n).op == LOAD_OP for n in res.graph.nodes) < sum(
+        point.graph.node(n).op == LOAD_OP for n in point.graph.nodes
+    )
+    _check(step, res.graph, placed)
+
+
+spans = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(1, 20), st.integers(1, 50)).map(
+        lambda t: (t[0], t[0] + t[1], t[2])
+    ),
+    min_size=0,
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    timeline=st.lists(st.integers(0, 100), min_size=60, max_size=60),
+    undos=st.lists(st.tuples(spans, st.floats(0.001, 1.0)), max_size=12),
+    room=st.integers(0, 120),
+)
+def test_the_undos_kept_fit_under_the_ceiling_at_every_step(timeline, undos, room):
+    """`fitting`'s promise: the timeline plus every kept undo's spans stays at or under the
+    ceiling at every step, and an undo that fits alone after those kept is never refused."""
+    line = np.array(timeline, dtype=np.int64)
+    ceiling = int(line.max()) + room
+    offered = [Undo((), None, tuple(s), sec) for s, sec in undos]
+    kept = fitting(line, offered, ceiling)
+    extra = np.zeros_like(line)
+    for u in kept:
+        for a, b, n in u.spans:
+            extra[a:b] += n
+    assert int((line + extra).max()) <= ceiling
+    for u in offered:
+        if u in kept or not u.spans:
+            continue
+        trial = extra.copy()
+        for a, b, n in u.spans:
+            trial[a:b] += n
+        assert int((line + trial).max()) > ceiling  # refused only when it does not fit
