@@ -49,26 +49,27 @@ from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.hashing import wl_hash
 from magis.search.options import MemoryFigure, SearchOptions
 from magis.search.queue import WARM_START_PREFIX, QueueOrder, SearchQueue
-from magis.search.state import Mode, MState, Objective
+from magis.search.state import MState, Objective
 
 
-def default_rules(mode: Mode | None = None) -> tuple[Rule, ...]:
+def default_rules() -> tuple[Rule, ...]:
     """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules.
 
-    Trading a recomputation for a swap (`remat_to_swap`) is for a latency limit, whose search
-    runs out of time to spend, and is left out of a memory-limit search (`mode`): there, with
-    the limit met, it led the moves that give time back and spent the states on swaps that
-    raised the peak past the limit (bart-base under 0.4, 60 s, --workers 2: 1.163 of the
-    latency with it, 1.094 without). Under a latency limit it is tried only on states over
-    the limit (`Rule.only_when_wanted`)."""
-    trade = () if mode is Mode.MEMORY_LIMIT else (REMAT_TO_SWAP,)
+    Trading a recomputation for a swap (`remat_to_swap`) and relaxation (`relax`) give time
+    back at the same peak; both are tried only on states that want time (`Rule.only_when_
+    wanted`: over a latency limit, or within a memory limit). The trade was left out of
+    memory-limit searches while nothing undid its swaps in
+    bulk (bart-base under 0.4: 1.163 of the latency with it, 1.094 without, before
+    relaxation); with relaxation, 60 s, --workers 2, under memory 0.4: corpus:densenet121
+    1.155 -> 1.121, corpus:regnet 1.119 -> 1.108, corpus:t5 1.145 -> 1.140, corpus:bart 1.145
+    -> 1.146."""
     return (
         *TASO_RULES,
         REMAT,
         DEREMAT,
         SWAP,
         DESWAP,
-        *trade,
+        REMAT_TO_SWAP,
         RELAX,
         COMPACT,
         DECOMPACT,
@@ -76,11 +77,9 @@ def default_rules(mode: Mode | None = None) -> tuple[Rule, ...]:
     )
 
 
-def search_rules(options: SearchOptions, objective: Objective | None = None) -> tuple[Rule, ...]:
-    """The rules in the order they are tried (for `objective`'s mode): `options.seed` shuffles
-    them."""
-    mode = objective.mode if objective is not None else None
-    rules = tuple(options.rules) if options.rules is not None else default_rules(mode)
+def search_rules(options: SearchOptions) -> tuple[Rule, ...]:
+    """The rules in the order they are tried: `options.seed` shuffles them."""
+    rules = tuple(options.rules) if options.rules is not None else default_rules()
     if options.seed is not None:
         rules = tuple(random.Random(options.seed).sample(rules, len(rules)))
     return rules
@@ -124,9 +123,7 @@ def start_search_workers(cost: CostModel, options: SearchOptions, objective: Obj
     """The `options.workers` worker processes (or Ray actors) of a search with these options
     (`magis.search.parallel`), booting from now on; hand them to `optimize_graph`. They
     order each state's moves by what `objective` needs, as the serial search does."""
-    return parallel.start_workers(
-        (cost, options, search_rules(options, objective), objective), options
-    )
+    return parallel.start_workers((cost, options, search_rules(options), objective), options)
 
 
 def initial_state(
@@ -243,7 +240,7 @@ class _Search:
         return _Search(
             objective,
             options,
-            search_rules(options, objective),
+            search_rules(options),
             evaluator,
             budget,
             ranking,
