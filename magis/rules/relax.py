@@ -204,16 +204,29 @@ def _describe(undos: Sequence[Undo], room: str) -> str:
     return f"relax: {' and '.join(parts)} ({room})"
 
 
+def _undos(ctx: RuleContext) -> tuple[list[Undo], list[Undo]] | None:
+    """The state's recomputation and swap undos, or None when there are too few to batch."""
+    if ctx.cost is None:
+        return None
+    times = node_times(ctx.graph, ctx.cost)
+    remats, swaps = recompute_undos(ctx, times), swap_undos(ctx, times)
+    return (remats, swaps) if len(remats) + len(swaps) >= MIN_UNDOS else None
+
+
+def _relaxation(ctx: RuleContext, kept: list[Undo], what: str) -> Rewrite:
+    return Rewrite(
+        "relax", RuleKind.DEREMAT, _describe(kept, what), lambda: undo_all(ctx.graph, kept)
+    )
+
+
 def _match_relax(ctx: RuleContext) -> Iterator[Rewrite]:
     """Recomputations, swaps, and both, undone as far as the room under the ceiling allows (and
     as far as half of it allows, when there is room above the peak); each distinct choice of
     at least `MIN_UNDOS` undos once."""
-    if ctx.cost is None:
+    undos = _undos(ctx)
+    if undos is None:
         return
-    times = node_times(ctx.graph, ctx.cost)
-    remats, swaps = recompute_undos(ctx, times), swap_undos(ctx, times)
-    if len(remats) + len(swaps) < MIN_UNDOS:
-        return
+    remats, swaps = undos
     sim = ctx.sim
     top = int(sim.timeline.max())
     room = ctx.memory_ceiling - sim.peak_bytes  # in the state's memory figure
@@ -228,12 +241,20 @@ def _match_relax(ctx: RuleContext) -> Iterator[Rewrite]:
             if len(kept) < MIN_UNDOS or key in offered:
                 continue
             offered.add(key)
-            yield Rewrite(
-                "relax",
-                RuleKind.DEREMAT,
-                _describe(kept, what),
-                lambda k=kept: undo_all(ctx.graph, k),
-            )
+            yield _relaxation(ctx, kept, what)
+
+
+def relaxation_at_peak(ctx: RuleContext, wanted_seconds: float) -> Rewrite | None:
+    """Every recomputation and swap undo that fits under the state's own peak, in one rewrite,
+    when their time adds up to `wanted_seconds` at least (what a child over a latency limit
+    needs back: `Evaluator.repaired`); else None."""
+    undos = _undos(ctx)
+    if undos is None:
+        return None
+    kept = fitting(ctx.sim.timeline, undos[0] + undos[1], int(ctx.sim.timeline.max()))
+    if len(kept) < MIN_UNDOS or sum(u.seconds for u in kept) < wanted_seconds:
+        return None
+    return _relaxation(ctx, kept, "the room under its peak")
 
 
 # A dual: it gives time back, so it leads when time is wanted and is tried only then (as the

@@ -19,6 +19,7 @@ from magis.cost import CostModel
 from magis.errors import MagisError, MagisWarning
 from magis.ir import Graph
 from magis.rules import Rewrite, Rewritten, Rule, RuleContext, RuleKind, ordered_for
+from magis.rules.relax import relaxation_at_peak
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
@@ -26,7 +27,7 @@ from magis.search.decisions import Decision
 from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
-from magis.search.state import MState, Objective
+from magis.search.state import Mode, MState, Objective
 from magis.sim import SimResult, derive_facts, derive_node_times, simulate, tables
 
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
@@ -122,6 +123,7 @@ class Evaluator:
         rules: Sequence[Rule],
         ctx: RuleContext,
         wants_memory: bool | None = None,
+        objective: Objective | None = None,
     ) -> Iterator[Move]:
         """F-Tree mutations (while the lineage allows them) alternating with every rule's
         rewrites taken in turn, so the first moves tried cover every kind. Fission has every
@@ -130,7 +132,8 @@ class Evaluator:
         spent a 180 s search on 119 materializations, not one re-materialization or swap.)
 
         `wants_memory` (the objective's need, `Objective.wants_memory`) puts the rules that save
-        it first. Only TASO's substitutions stay out of enabled F-Tree regions: a re-
+        it first; `objective` relaxes the children over its latency limit (`repaired`).
+        Only TASO's substitutions stay out of enabled F-Tree regions: a re-
         materialization or swap inside one part of a split crosses no region boundary (its
         child leaves the lineage, as any rule's does), and after a whole-model split nearly
         every hot-spot lies inside one (T5-base: its 60 s plan 0.649 -> 0.587 of the peak)."""
@@ -140,7 +143,9 @@ class Evaluator:
             streams.append(
                 (
                     "fission:" + d.split()[0],
-                    lambda b=build, d=d: self.fission_child(state, b, "fission:" + d.split()[0]),
+                    lambda b=build, d=d: self.repaired(
+                        self.fission_child(state, b, "fission:" + d.split()[0]), objective
+                    ),
                 )
                 for d, build in fission_moves.moves(
                     state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
@@ -151,7 +156,7 @@ class Evaluator:
             rules = ordered_for(rules, wants_memory)
         others = [
             (
-                (rw.rule, lambda r=rw: self.child(state, r))
+                (rw.rule, lambda r=rw: self.repaired(self.child(state, r), objective))
                 for rw in self._matches(rule, ctx if rule.kind is RuleKind.TASO else inside)
             )
             for rule in rules
@@ -165,6 +170,29 @@ class Evaluator:
             yield from rule.match(ctx)
         except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
             self.failed(rule.name, exc)
+
+    def repaired(self, child: MState | None, objective: Objective | None) -> MState | None:
+        """`child`, or, when it is over `objective`'s latency limit, the child relaxed at its
+        own peak (`rules.relax.relaxation_at_peak`: every recomputation and swap that fits
+        under it undone) if the undos' estimated time covers the excess and the result ranks
+        better. A move that lowers the peak may leave earlier rewrites without a purpose (the
+        tensors they freed now live where memory is below the new peak); over the limit, the
+        child would be dropped, and relaxation is offered only on the states that are popped
+        (`Rule.only_when_wanted`), which a latency-limited search never pops once a state
+        meets its limit."""
+        if (
+            child is None
+            or objective is None
+            or objective.mode is not Mode.LATENCY_LIMIT
+            or objective.satisfied(child)
+        ):
+            return child
+        ctx = self.context(child, True, objective)  # a latency limit's ceiling: child's peak
+        rewrite = self.timed("transform", relaxation_at_peak, ctx, child.latency - objective.limit)
+        if rewrite is None:
+            return child
+        relaxed = self.child(child, rewrite)
+        return relaxed if relaxed is not None and objective.better(relaxed, child) else child
 
     def fission_child(self, state: MState, build_tree, name: str) -> MState | None:
         """Materialize the mutated F-Tree on the lineage's base graph: its program order is the

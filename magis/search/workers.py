@@ -315,7 +315,7 @@ class ChildWorker:
         state = self.states[sid]
         ctx = self.evaluator.context(state, self.hotspots_only, self.objective)
         wants = self.objective.wants_memory(state)
-        return self.evaluator.moves(state, self.rules, ctx, wants)
+        return self.evaluator.moves(state, self.rules, ctx, wants, self.objective)
 
     def state(self, sid: Sid) -> bytes:
         return dumps(self.states[sid])

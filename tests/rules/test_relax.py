@@ -151,3 +151,48 @@ def test_the_undos_kept_fit_under_the_ceiling_at_every_step(timeline, undos, roo
         for a, b, n in u.spans:
             trial[a:b] += n
         assert int((line + trial).max()) > ceiling  # refused only when it does not fit
+
+
+def _recomputed_off_the_peak(step, count=4):
+    """bert-base:tiny with its `count` smallest recomputable tensors recomputed: rewrites that
+    lower no peak, which a state's own peak leaves room to undo."""
+    graph, order = step.graph, list(step.graph.program_order())
+
+    def singles(graph, order):
+        ctx = RuleContext(
+            graph, tuple(order), simulate(graph, order, COST), hotspots_only=False,
+            max_candidates=60, cost=COST,
+        )  # fmt: skip
+        return [rw for rw in REMAT.match(ctx) if "like it" not in rw.description]
+
+    done = 0
+    for what in [rw.description.split(" for ")[0] for rw in singles(graph, order)[::-1]]:
+        rewrite = next(
+            (rw for rw in singles(graph, order) if rw.description.startswith(what)), None
+        )
+        if rewrite is not None:
+            res, order = _apply(graph, order, rewrite)
+            graph, done = res.graph, done + 1
+        if done == count:
+            return graph, order
+    raise AssertionError(f"fewer than {count} tensors to recompute")
+
+
+def test_a_child_over_a_latency_limit_is_relaxed_at_its_own_peak(bert_tiny):
+    """The search's repair (`Evaluator.repaired`): a state over a latency limit gets back the
+    time of the rewrites its own peak leaves room to undo; a state within its limit, or under
+    a memory limit, is left as it is."""
+    from magis.search.evaluator import Evaluator
+    from magis.search.hashing import wl_hash
+    from magis.search.state import Mode, MState, Objective
+
+    graph, order = _recomputed_off_the_peak(bert_tiny)
+    state = MState(graph, tuple(order), simulate(graph, order, COST), wl_hash(graph))
+    evaluator = Evaluator(COST)
+    over = Objective(Mode.LATENCY_LIMIT, 0.999 * state.latency)
+    repaired = evaluator.repaired(state, over)
+    assert repaired is not state and repaired.history[-1:] == ("relax",)
+    assert repaired.latency < state.latency
+    _check(bert_tiny, repaired.graph, repaired.order)
+    assert evaluator.repaired(state, Objective(Mode.LATENCY_LIMIT, 2 * state.latency)) is state
+    assert evaluator.repaired(state, Objective(Mode.MEMORY_LIMIT, state.memory)) is state
