@@ -66,7 +66,13 @@ def recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     """(original, copy) for every node outside frozen regions that computes what an earlier
     one does, its inputs taken up to copies: a recomputed segment's every node, not only its
     first (`remat.recomputed_pairs` sees the first; the rest become duplicates only once it
-    is merged). In the copies' schedule order."""
+    is merged). In the copies' schedule order; found once per context (`RuleContext.memo`)."""
+    if "recomputed_copies" not in ctx.memo:
+        ctx.memo["recomputed_copies"] = _recomputed_copies(ctx)
+    return ctx.memo["recomputed_copies"]
+
+
+def _recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     graph = ctx.graph
     same: dict[Ref, Ref] = {}  # a copy's outputs (and views of them) -> the original's
     first: dict = {}
@@ -92,13 +98,14 @@ def recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     return pairs
 
 
-def recompute_undos(ctx: RuleContext, times: np.ndarray) -> list[Undo]:
-    """One `Undo` per recomputed copy: its readers read the original again."""
+def recompute_undos(ctx: RuleContext, times: np.ndarray, pairs=None) -> list[Undo]:
+    """One `Undo` per recomputed copy (`pairs`, default `recomputed_copies`): its readers read
+    the original again."""
     graph, pos = ctx.graph, ctx.position
     smap = graph.storages()
     lasting = smap.outputs | smap.host  # live to the end, or not on the device
     undos = []
-    for keep, drop in recomputed_copies(ctx):
+    for keep, drop in recomputed_copies(ctx) if pairs is None else pairs:
         spans = []
         for i in range(len(graph.node(keep).outputs)):
             original = Ref(keep, i)
@@ -204,12 +211,12 @@ def _describe(undos: Sequence[Undo], room: str) -> str:
     return f"relax: {' and '.join(parts)} ({room})"
 
 
-def _undos(ctx: RuleContext) -> tuple[list[Undo], list[Undo]] | None:
+def _undos(ctx: RuleContext, pairs=None) -> tuple[list[Undo], list[Undo]] | None:
     """The state's recomputation and swap undos, or None when there are too few to batch."""
     if ctx.cost is None:
         return None
     times = node_times(ctx.graph, ctx.cost)
-    remats, swaps = recompute_undos(ctx, times), swap_undos(ctx, times)
+    remats, swaps = recompute_undos(ctx, times, pairs), swap_undos(ctx, times)
     return (remats, swaps) if len(remats) + len(swaps) >= MIN_UNDOS else None
 
 
@@ -244,11 +251,19 @@ def _match_relax(ctx: RuleContext) -> Iterator[Rewrite]:
             yield _relaxation(ctx, kept, what)
 
 
-def relaxation_at_peak(ctx: RuleContext, wanted_seconds: float) -> Rewrite | None:
+def relaxation_at_peak(
+    ctx: RuleContext, wanted_seconds: float, parent: RuleContext | None = None
+) -> Rewrite | None:
     """Every recomputation and swap undo that fits under the state's own peak, in one rewrite,
     when their time adds up to `wanted_seconds` at least (what a child over a latency limit
-    needs back: `Evaluator.repaired`); else None."""
-    undos = _undos(ctx)
+    needs back: `Evaluator.repaired`); else None. `parent`: the context of the state the
+    child's rewrite was made on (it keeps node ids): its recomputed copies, found once, stand
+    for the child's (a copy the rewrite just made is not one to undo)."""
+    pairs = None
+    if parent is not None:
+        graph = ctx.graph
+        pairs = [(k, d) for k, d in recomputed_copies(parent) if k in graph and d in graph]
+    undos = _undos(ctx, pairs)
     if undos is None:
         return None
     kept = fitting(ctx.sim.timeline, undos[0] + undos[1], int(ctx.sim.timeline.max()))

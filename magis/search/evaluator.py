@@ -145,7 +145,7 @@ class Evaluator:
                     "fission:" + d.split()[0],
                     lambda b=build, d=d: self.repaired(
                         self.fission_child(state, b, "fission:" + d.split()[0]), objective
-                    ),
+                    ),  # a materialization renumbers nodes: no parent context
                 )
                 for d, build in fission_moves.moves(
                     state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
@@ -156,7 +156,7 @@ class Evaluator:
             rules = ordered_for(rules, wants_memory)
         others = [
             (
-                (rw.rule, lambda r=rw: self.repaired(self.child(state, r), objective))
+                (rw.rule, lambda r=rw: self.repaired(self.child(state, r), objective, ctx))
                 for rw in self._matches(rule, ctx if rule.kind is RuleKind.TASO else inside)
             )
             for rule in rules
@@ -171,7 +171,12 @@ class Evaluator:
         except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
             self.failed(rule.name, exc)
 
-    def repaired(self, child: MState | None, objective: Objective | None) -> MState | None:
+    def repaired(
+        self,
+        child: MState | None,
+        objective: Objective | None,
+        parent: RuleContext | None = None,
+    ) -> MState | None:
         """`child`, or, when it is over `objective`'s latency limit, the child relaxed at its
         own peak (`rules.relax.relaxation_at_peak`: every recomputation and swap that fits
         under it undone) if the undos' estimated time covers the excess and the result ranks
@@ -179,7 +184,8 @@ class Evaluator:
         tensors they freed now live where memory is below the new peak); over the limit, the
         child would be dropped, and relaxation is offered only on the states that are popped
         (`Rule.only_when_wanted`), which a latency-limited search never pops once a state
-        meets its limit."""
+        meets its limit. `parent` (the context of the state a rewrite was made on) spares
+        finding the child's recomputed copies again."""
         if (
             child is None
             or objective is None
@@ -188,7 +194,8 @@ class Evaluator:
         ):
             return child
         ctx = self.context(child, True, objective)  # a latency limit's ceiling: child's peak
-        rewrite = self.timed("transform", relaxation_at_peak, ctx, child.latency - objective.limit)
+        excess = child.latency - objective.limit
+        rewrite = self.timed("transform", relaxation_at_peak, ctx, excess, parent)
         if rewrite is None:
             return child
         relaxed = self.child(child, rewrite)
