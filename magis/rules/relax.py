@@ -3,9 +3,9 @@
 MAGIS §5.2's duals undo one recomputation or one swap per state, and the repeated-kind duals
 (repeated.py) one kind at once. A plan below its memory ceiling still pays for rewrites whose
 bytes it no longer needs: pofo's warm start recomputes a (cat, batch norm, ReLU, convolution)
-segment in every DenseNet layer, each layer's of another shape, and a 60 s search under a 0.4
-memory limit undid 25 of some 250 copies one state at a time (1.155 of the latency at 0.392 of
-the peak).
+segment in every DenseNet layer, each layer's of another shape (126 copies), and a 60 s search
+under a 0.4 memory limit undid some 25 of them one state at a time (1.155 of the latency at
+0.392 of the peak).
 
 The state's simulation says where there is room: M_i at every step. Merging a recomputed copy
 back keeps the original's storage live from its last reader before the copy to the copy's
@@ -30,19 +30,19 @@ from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP
 from magis.ir.storage import StorageMap
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.remat import freeze, merge_into, recompute_call, remap
+from magis.rules.remat import duplicate_key, merge_into, recompute_call
 from magis.rules.swap import unswap_all_into
-from magis.sim.tables import node_times
+from magis.sim.tables import node_times, tables
 
 MIN_UNDOS = 2  # one undo alone is the plain duals' move
 
 
 @dataclass(frozen=True)
 class Undo:
-    """One recomputed segment merged back (`pairs`) or one swap dropped (`load`), the steps
-    where it keeps bytes live that the state does not, and the seconds it gives back."""
+    """One recomputed copy merged back (`copy`) or one swap dropped (`load`), the steps where
+    it keeps bytes live that the state does not, and the seconds it gives back."""
 
-    pairs: tuple[tuple[int, int], ...]  # (original, copy) of a recomputed segment
+    copy: tuple[int, int] | None  # (original, copy) of a recomputation
     load: int | None  # the Load of a dropped swap
     spans: tuple[tuple[int, int, int], ...]  # (first step, end step exclusive, bytes)
     seconds: float
@@ -80,15 +80,12 @@ def _recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     for nid in ctx.order:
         if nid in ctx.frozen:
             continue
-        call = recompute_call(graph, nid)
-        if call is None:
+        if recompute_call(graph, nid) is None:
             continue
-        args, kwargs = call
-        try:
-            key = (graph.node(nid).op, freeze(remap(args, same)), freeze(sorted(kwargs.items())))
-            original = first.setdefault(key, nid)
-        except TypeError:  # unhashable constants: never merged
+        key = duplicate_key(graph, nid, same)
+        if key is None:  # unhashable constants: never merged
             continue
+        original = first.setdefault(key, nid)
         if original == nid:
             continue
         for i in range(len(graph.node(nid).outputs)):
@@ -98,7 +95,9 @@ def _recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     return pairs
 
 
-def recompute_undos(ctx: RuleContext, times: np.ndarray, pairs=None) -> list[Undo]:
+def recompute_undos(
+    ctx: RuleContext, times: np.ndarray, pairs: Sequence[tuple[int, int]] | None = None
+) -> list[Undo]:
     """One `Undo` per recomputed copy (`pairs`, default `recomputed_copies`): its readers read
     the original again."""
     graph, pos = ctx.graph, ctx.position
@@ -114,7 +113,7 @@ def recompute_undos(ctx: RuleContext, times: np.ndarray, pairs=None) -> list[Und
             span = _span(smap, pos, original, pos[drop], pos[keep])
             if span is not None:
                 spans.append(span)
-        undos.append(Undo(((keep, drop),), None, tuple(spans), float(times[drop])))
+        undos.append(Undo((keep, drop), None, tuple(spans), float(times[drop])))
     return undos
 
 
@@ -123,8 +122,9 @@ def swap_undos(ctx: RuleContext, times: np.ndarray) -> list[Undo]:
     graph, pos = ctx.graph, ctx.position
     smap = graph.storages()
     undos = []
-    for load in ctx.order:
-        if load in ctx.frozen or graph.node(load).op != LOAD_OP:
+    loads = (n for n in tables(graph).copy_nodes if graph.node(n).op == LOAD_OP)
+    for load in sorted(loads, key=pos.__getitem__):  # the tables' set: no scan of the order
+        if load in ctx.frozen:
             continue
         store = graph.node(load).inputs[0].node
         storage = smap.base[graph.node(store).inputs[0]]
@@ -132,7 +132,7 @@ def swap_undos(ctx: RuleContext, times: np.ndarray) -> list[Undo]:
             continue
         span = _span(smap, pos, storage, pos[load], pos[storage.node])
         seconds = float(times[store] + times[load])
-        undos.append(Undo((), load, (span,) if span is not None else (), seconds))
+        undos.append(Undo(None, load, (span,) if span is not None else (), seconds))
     return undos
 
 
@@ -166,11 +166,12 @@ def undo_all(graph: Graph, undos: Sequence[Undo]) -> Rewritten:
     g = graph.copy()
     changed: set[int] = set()
     removed: set[int] = set()
-    for keep, drop in (p for u in undos for p in u.pairs):
+    copies = [u.copy for u in undos if u.copy is not None]
+    for keep, drop in copies:
         if keep in g and drop in g:
             c, r = merge_into(g, keep, drop)
             changed, removed = (changed | c) - r, removed | r
-    removed |= _remove_unread(g, {d for u in undos for _, d in u.pairs}, graph)
+    removed |= _remove_unread(g, {drop for _, drop in copies}, graph)
     loads = [u.load for u in undos if u.load is not None and u.load in g]
     if loads:
         c, r = unswap_all_into(g, loads)
@@ -204,14 +205,16 @@ def _without_effects(g: Graph, nid: int) -> bool:
 
 
 def _describe(undos: Sequence[Undo], room: str) -> str:
-    segments = sum(1 for u in undos if u.pairs)
-    swaps = len(undos) - segments
-    parts = [f"{segments} recomputed segments merged back"] if segments else []
+    copies = sum(1 for u in undos if u.copy is not None)
+    swaps = len(undos) - copies
+    parts = [f"{copies} recomputed copies merged back"] if copies else []
     parts += [f"{swaps} swaps dropped"] if swaps else []
     return f"relax: {' and '.join(parts)} ({room})"
 
 
-def _undos(ctx: RuleContext, pairs=None) -> tuple[list[Undo], list[Undo]] | None:
+def _undos(
+    ctx: RuleContext, pairs: Sequence[tuple[int, int]] | None = None
+) -> tuple[list[Undo], list[Undo]] | None:
     """The state's recomputation and swap undos, or None when there are too few to batch."""
     if ctx.cost is None:
         return None
@@ -244,7 +247,7 @@ def _match_relax(ctx: RuleContext) -> Iterator[Rewrite]:
     for ceiling, what in ceilings:
         for pool in (remats, swaps, remats + swaps):
             kept = fitting(sim.timeline, pool, ceiling)
-            key = frozenset((u.pairs, u.load) for u in kept)
+            key = frozenset((u.copy, u.load) for u in kept)
             if len(kept) < MIN_UNDOS or key in offered:
                 continue
             offered.add(key)

@@ -189,18 +189,18 @@ def recompute_segment_into(g: Graph, reads: LateReads, chain: tuple[int, ...]) -
     for nid in chain:
         node = g.node(nid)
         args, kwargs = recompute_call(g, nid)
-        args = tuple(remap(a, mapping) for a in args)
+        args = tuple(_mapped(a, mapping) for a in args)
         twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
         for i in range(len(node.outputs)):
             mapping[Ref(nid, i)] = Ref(twin, i)
     return redirect_late_reads(g, reads, mapping[reads.storage])
 
 
-def remap(arg, mapping: dict[Ref, Ref]):
+def _mapped(arg, mapping: dict[Ref, Ref]):
     if isinstance(arg, Ref):
         return mapping.get(arg, arg)
     if isinstance(arg, list | tuple):
-        return type(arg)(remap(a, mapping) for a in arg)
+        return type(arg)(_mapped(a, mapping) for a in arg)
     return arg
 
 
@@ -266,25 +266,28 @@ def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
-def _duplicate_key(graph: Graph, nid: int):
+def duplicate_key(graph: Graph, nid: int, inputs: dict[Ref, Ref] | None = None):
     """What `nid` computes, as a hashable key (None when a constant is unhashable). A training
     batch norm keys as its recomputation does (`recompute_call`): a recomputed copy is a
-    duplicate of the original, which its dual merges back."""
+    duplicate of the original, which its dual merges back. `inputs` names values by others
+    that hold the same (a copy's outputs by the original's: relax.py)."""
     node = graph.node(nid)
     call = recompute_call(graph, nid)
     args, kwargs = call if call is not None else (node.args, node.kwargs_dict)
+    if inputs:
+        args = _mapped(args, inputs)
     try:
-        key = (node.op, freeze(args), freeze(tuple(sorted(kwargs.items()))))
+        key = (node.op, _frozen(args), _frozen(tuple(sorted(kwargs.items()))))
         hash(key)
     except TypeError:  # unhashable constants: never merged
         return None
     return key
 
 
-def freeze(value):
+def _frozen(value):
     """`value` with lists as tuples (a view's shape argument is a list)."""
     if isinstance(value, list | tuple):
-        return (type(value).__name__, *map(freeze, value))
+        return (type(value).__name__, *map(_frozen, value))
     return value
 
 
@@ -317,7 +320,7 @@ def _duplicate_views(g: Graph, nid: int) -> list[tuple[int, int]]:
     for u in sorted(g.users(nid)):
         if not g.info(u).is_view:
             continue
-        key = _duplicate_key(g, u)
+        key = duplicate_key(g, u)
         if key is None:
             continue
         keep = first.setdefault(key, u)
@@ -347,7 +350,7 @@ def _duplicates(graph: Graph, order, frozen) -> Iterator[tuple[int, int]]:
     for nid in order:
         if nid in frozen or recompute_call(graph, nid) is None or graph.info(nid).is_view:
             continue
-        key = _duplicate_key(graph, nid)
+        key = duplicate_key(graph, nid)
         if key is None:
             continue
         keep = first.setdefault(key, nid)
@@ -387,12 +390,12 @@ def _duplicate_of(g: Graph, nid: int, pos: dict[int, int]) -> tuple[int, int] | 
     the earlier kept; None when there is none."""
     if recompute_call(g, nid) is None:
         return None
-    key = _duplicate_key(g, nid)
+    key = duplicate_key(g, nid)
     if key is None:
         return None
     siblings = {u for r in g.node(nid).inputs for u in g.users(r.node)} - {nid}
     for u in sorted(siblings, key=lambda n: pos.get(n, len(pos) + n)):
-        if recompute_call(g, u) is not None and _duplicate_key(g, u) == key:
+        if recompute_call(g, u) is not None and duplicate_key(g, u) == key:
             return (u, nid) if pos.get(u, len(pos) + u) < pos.get(nid, len(pos) + nid) else (nid, u)
     return None
 

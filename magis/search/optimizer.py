@@ -56,13 +56,12 @@ def default_rules() -> tuple[Rule, ...]:
     """TASO rules first (cheap latency wins that buy slack), then the schedule-based rules.
 
     Trading a recomputation for a swap (`remat_to_swap`) and relaxation (`relax`) give time
-    back at the same peak; both are tried only on states that want time (`Rule.only_when_
-    wanted`: over a latency limit, or within a memory limit). The trade was left out of
-    memory-limit searches while nothing undid its swaps in
-    bulk (bart-base under 0.4: 1.163 of the latency with it, 1.094 without, before
-    relaxation); with relaxation, 60 s, --workers 2, under memory 0.4: corpus:densenet121
-    1.155 -> 1.121, corpus:regnet 1.119 -> 1.108, corpus:t5 1.145 -> 1.140, corpus:bart 1.145
-    -> 1.146."""
+    back at the same peak; both are tried only on states that want time
+    (`Rule.only_when_wanted`: over a latency limit, or within a memory limit). The trade was
+    left out of memory-limit searches while nothing undid its swaps in bulk (bart-base under
+    0.4: 1.163 of the latency with it, 1.094 without, before relaxation); with relaxation, 60
+    s, --workers 2, under memory 0.4: corpus:densenet121 1.155 -> 1.121, corpus:regnet 1.119
+    -> 1.108, corpus:t5 1.145 -> 1.140, corpus:bart 1.145 -> 1.146."""
     return (
         *TASO_RULES,
         REMAT,

@@ -137,7 +137,7 @@ def test_the_undos_kept_fit_under_the_ceiling_at_every_step(timeline, undos, roo
     ceiling at every step, and an undo that fits alone after those kept is never refused."""
     line = np.array(timeline, dtype=np.int64)
     ceiling = int(line.max()) + room
-    offered = [Undo((), None, tuple(s), sec) for s, sec in undos]
+    offered = [Undo(None, None, tuple(s), sec) for s, sec in undos]
     kept = fitting(line, offered, ceiling)
     extra = np.zeros_like(line)
     for u in kept:
