@@ -26,6 +26,7 @@ from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP, out_overload
 from magis.ir.schema import IDENTIFIER, check_node, shown
+from magis.ir.tensor import contiguous_strides
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,25 @@ def call_source(graph: Graph, nid: int, names: Names) -> str:
                 f"{node.op} has no out= overload to write {node.name} in place"
             )
         kwargs.append(f"out={names[node.writes_into]}")
+    if node.op == "aten.bernoulli.p" and not _row_major(graph, node.inputs[0]):
+        return _drawn_in_memory_order(args, kwargs)
     return f"{_callee(overload)}({', '.join(args + kwargs)})"
+
+
+def _row_major(graph: Graph, ref: Ref) -> bool:
+    meta = graph.meta(ref)
+    return meta.strides == contiguous_strides(meta.shape)
+
+
+def _drawn_in_memory_order(args: list[str], kwargs: list[str]) -> str:
+    """Dropout's mask as eager draws it. Eager runs `empty_like(x).bernoulli_(p)`, which
+    draws in the memory order of `x` (channels-last, transposed); functionalization records
+    `bernoulli.p(x, p)`, which draws row-major into a fresh tensor: another mask from the same
+    seed. The in-place draw on a tensor laid out like `x`, made row-major as recorded, is the
+    mask eager drew on any build of PyTorch (for one extra buffer of the mask's size)."""
+    laid_out_like_x = f"aten.empty_like.default({args[0]})"
+    in_place = f"aten.bernoulli_.float({', '.join([laid_out_like_x, *args[1:], *kwargs])})"
+    return f"aten.clone.default({in_place}, memory_format=torch.contiguous_format)"
 
 
 def _callee(overload: torch._ops.OpOverload) -> str:

@@ -410,17 +410,20 @@ class BudgetRun:
     def revive_bytes(self, storages: Sequence[int]) -> int | None:
         """Bytes that keeping the last materializations of `storages` (dead now) alive up to
         here adds, or None when some step already run would then exceed the budget."""
+        # The extra is a staircase: it rises by a storage's bytes where that storage ended.
+        # One maximum per stair, on the run's memory alone (XLA calls this for every
+        # candidate it weighs: no array the length of the run is built).
         if not storages:
             return 0
         n = len(self.events)
-        start = int(min(self.ended[s] for s in storages))
-        extra = np.zeros(n - start + 1, dtype=np.int64)
-        for s in storages:
-            extra[self.ended[s] - start :] += self.t.nbytes[s]
-        past = self.step_mem[start:n] + extra[:-1]
-        if len(past) and past.max() > self.budget:
-            return None
-        return int(extra[-1])
+        stairs = sorted((int(self.ended[s]), int(self.t.nbytes[s])) for s in storages)
+        extra = 0
+        for k, (end, nbytes) in enumerate(stairs):
+            extra += nbytes
+            stop = stairs[k + 1][0] if k + 1 < len(stairs) else n
+            if stop > end and int(self.step_mem[end:stop].max()) + extra > self.budget:
+                return None
+        return extra
 
     def revive(self, storages: Sequence[int]) -> None:
         """Keep the last materializations of `storages` alive from their end up to here (XLA

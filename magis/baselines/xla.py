@@ -36,6 +36,7 @@ and reports the limit missed: that budget is a `Failure`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -125,15 +126,21 @@ class XLAPolicy:
     def _block(self, run: BudgetRun, s: int, size: int) -> tuple[list[int], list[int]]:
         """`s` and the dead producers recomputed with it (up to `size` in all,
         nearest first), and the dead operands whose live ranges are extended instead."""
+        live = run.live
+        dead = [p for p in self.t.parents[s] if not live[p]]
+        if not dead:  # most candidates: every operand still live
+            return [s], []
         block, revive = [s], []
-        frontier = [p for p in self.t.parents[s] if not run.live[p]]
+        seen = {s}
+        frontier = deque(dead)
         while frontier:
-            p = frontier.pop(0)
-            if p in block or p in revive:
+            p = frontier.popleft()
+            if p in seen:
                 continue
+            seen.add(p)
             if len(block) < size and not run.fixed(p):
                 block.append(p)
-                frontier.extend(q for q in self.t.parents[p] if not run.live[q])
+                frontier.extend(q for q in self.t.parents[p] if not live[q])
             else:
                 revive.append(p)
         return block, revive

@@ -36,7 +36,9 @@ from magis.rules import (
     DEREMAT,
     DESWAP,
     MINCUT_REMAT,
+    RELAX,
     REMAT,
+    REMAT_TO_SWAP,
     SWAP,
     TASO_RULES,
     Rewritten,
@@ -62,10 +64,13 @@ REANALYSIS_SHARE = 0.25  # of those after other rules: an analysis costs ~50 ms
 DUAL_KINDS = {"remat": "deremat", "swap": "deswap", "compact": "decompact"}
 DUAL_KINDS |= {v: k for k, v in DUAL_KINDS.items()} | {"taso": "taso"}
 
+# The rules of the first fuzz runs: their reproducers replay with these.
+FIRST_RULES = (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
+
 
 def all_rules() -> tuple[Rule, ...]:
     """Every rewrite rule the search applies, each with its dual."""
-    return (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
+    return (*FIRST_RULES, REMAT_TO_SWAP, RELAX)
 
 
 def all_kinds() -> frozenset[str]:
@@ -260,6 +265,10 @@ def rule_step(
         state.frozen,
         hotspots_only=hotspots_only,
         max_candidates=rng.choice((4, 16, 64)),
+        # The ceiling a relaxation fills: the peak itself, or half as much room again (no
+        # draw, so the chains of the first rules replay unchanged).
+        ceiling=sim.peak_bytes * (2 + len(state.chain) % 2) // 2,
+        cost=cost,
     )
     rejected = state.meta_rejected
     for rule in rules_in_turn(rules, state, rng):

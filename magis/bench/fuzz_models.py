@@ -307,9 +307,9 @@ class ChannelsLast(nn.Module):
 
 
 class Contiguous(nn.Module):
-    """Dropout's mask is drawn in memory order: eager `bernoulli_` on a channels-last tensor
-    draws it channels-last, the captured functional `bernoulli.p` row-major, so the unmodified
-    program differs from eager (a capture bug, reported). Dropout here reads row-major."""
+    """Dropout here reads row-major. It was the workaround for dropout on a channels-last
+    tensor, whose eager mask is drawn in memory order (the generated code now draws it so:
+    `codegen._drawn_in_memory_order`); kept so that every seed builds the models it built."""
 
     def forward(self, x):
         return x.contiguous()

@@ -156,9 +156,12 @@ def _reads_redirected_by_merge(
     smap = old.storages()  # the parent's, built already: which storages live to the end
     found: dict[Ref, tuple[set[int], set[Ref]]] = {}
     for r in readers:
-        for was, now in zip(old.node(r).inputs, g.node(r).inputs, strict=True):
+        # A node's inputs are its distinct values: a merge that made two of them one makes
+        # the tuple shorter, so what changed is what `old` did not read.
+        read_before = set(old.node(r).inputs)
+        for now in g.node(r).inputs:
             storage = _viewed(g, now)
-            if was == now or storage in smap.outputs or storage in smap.resident:
+            if now in read_before or storage in smap.outputs or storage in smap.resident:
                 continue
             if not _swappable(g, storage):
                 continue

@@ -93,3 +93,21 @@ def test_optimizer_state_inputs_are_non_negative(mlp_step_factory):
     kinds = [step.graph.node(p).placeholder_kind for p in step.graph.placeholders()]
     states = [t for t, k in zip(inputs, kinds, strict=False) if k is PlaceholderKind.OPT_STATE]
     assert states and all(bool((t >= 0).all()) for t in states)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [lambda x: x.t(), lambda x: x.view(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)],
+)
+def test_dropout_draws_its_mask_in_the_memory_order_eager_draws_it(layout):
+    """Eager's dropout fills `empty_like(x)` in place, in the memory order of a transposed or
+    channels-last `x`; the captured `bernoulli.p` would draw row-major: another mask."""
+
+    def step(x):
+        y = layout(x).relu()
+        return (torch.nn.functional.dropout(y, 0.5, training=True) * y).sum()
+
+    captured = capture(step, torch.randn(24, 5))
+    g = captured.graph
+    assert any(g.node(n).op == "aten.bernoulli.p" for n in g.ops())
+    _run_and_check(captured)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from magis.bench.fuzz import Fuzzer, FuzzReport, make_subject, replay, run_fuzz
-from magis.bench.fuzz_chains import ChainState, all_kinds, all_rules, draw_chain
+from magis.bench.fuzz_chains import FIRST_RULES, ChainState, all_kinds, all_rules, draw_chain
 from magis.bench.fuzz_models import random_spec, random_step
 from magis.cost import get_cost_model
 from magis.ir import Ref, TensorMeta
@@ -189,5 +189,24 @@ def test_what_the_ten_thousand_case_run_found_stays_fixed(case):
     """Reproducers of the mismatches `magis bench fuzz --cases 10000` found: each now verifies
     (the copy_ update orders its readers first) or is refused by the meta check (group norm's
     CPU backward computes wrong values from a non-contiguous gradient)."""
-    report = replay(*case)
+    report = replay(*case, rules=FIRST_RULES)  # the rules of that run: the same chains
     assert not report.mismatches, report.mismatches
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (11, 6, 275),  # two merged matmuls made a cat read one value twice (a node's inputs
+        # are its distinct values): the recomputation-swap trade read the shorter tuple
+        # position by position
+        (11, 16, -1),  # dropout on a transposed tensor: eager draws its mask in memory order
+        (12, 4, 162),  # the same under fission, whose prepared `empty_like` was row-major
+    ],
+)
+def test_what_the_relaxation_rules_fuzz_found_stays_fixed(case):
+    """Reproducers of `magis bench fuzz --cases 1000 --seed 11` and `--cases 1500 --seed 12`
+    once the trade and relaxation rules joined the fuzz."""
+    report = replay(*case)
+    assert report.cases == (case[2] >= 0), report.to_json()
+    assert not report.mismatches and not report.meta_mismatches, report.mismatches
+    assert not report.baseline_failures, report.baseline_failures
