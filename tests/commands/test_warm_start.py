@@ -63,3 +63,20 @@ class _Figures:
 
 def _figures(plan):
     return _Figures(plan.summary.peak_bytes, plan.summary.latency_s)
+
+
+def test_a_sweep_past_the_deadline_stops_with_its_best_point_so_far(bert_step):
+    setup = setup_search(bert_step, lat_limit=1.10)
+    drawn = []
+
+    def sweep():  # a peer's points, computed one at a time as the warm start asks for them
+        for p in get_baseline("xla-remat").points(bert_step.graph, setup.cost):
+            drawn.append(p)
+            yield p
+
+    assert best_point(sweep(), setup.objective) is not None
+    assert len(drawn) > 2  # bert-base:tiny's first budgets break the latency limit
+    drawn.clear()
+    late = best_point(sweep(), setup.objective, deadline=0.0)  # long past
+    assert len(drawn) == 1
+    assert late is (drawn[0] if isinstance(drawn[0], BaselinePoint) else None)
