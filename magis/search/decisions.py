@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from magis.errors import PlanError
+from magis.ir.ops import LOAD_OP, STORE_OP
 
 if TYPE_CHECKING:
     from magis.analyze.ftree import FTree
@@ -40,6 +41,8 @@ class DecisionKind(enum.Enum):
     COMPACTION = "compaction"
     UNDO_COMPACTION = "undo-compaction"
 
+
+COPY_OPS = (STORE_OP, LOAD_OP)
 
 # RuleKind.value -> DecisionKind (rules/base.py names the rule kinds; search sits above rules).
 _RULE_KINDS = {
@@ -150,7 +153,7 @@ class Decision:
         created, gone = _nodes(child, added), _nodes(parent, removed)
         return Decision(
             rewrite.rule,
-            _RULE_KINDS.get(rewrite.kind.value, DecisionKind.TASO),
+            _kind_of_rewrite(rewrite.kind.value, created, gone),
             rewrite.description,
             tuple(n.name for n in created),
             tuple(n.name for n in gone),
@@ -319,6 +322,20 @@ def full_trail(
         warm = next((h for h in history if h.startswith("warm-start:")), "warm-start:unknown")
         rows.append(Decision.warm_start(warm.removeprefix("warm-start:"), initial, start))
     return (*rows, *decisions)
+
+
+def _kind_of_rewrite(rule_kind: str, created: list, gone: list) -> DecisionKind:
+    """The decision's kind from what the rewrite did. The rules that give time back share
+    re-materialization's dual kind, but the trade makes swaps (`remat_to_swap`) and a
+    relaxation may drop only swaps: named by what was made and dropped."""
+    kind = _RULE_KINDS.get(rule_kind, DecisionKind.TASO)
+    if kind is not DecisionKind.UNDO_RECOMPUTE:
+        return kind
+    if any(n.op in COPY_OPS for n in created):
+        return DecisionKind.SWAP
+    if gone and all(n.op in COPY_OPS for n in gone):
+        return DecisionKind.UNDO_SWAP
+    return kind
 
 
 def _new_nodes(old: Graph, new: Graph) -> list:

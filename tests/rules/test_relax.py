@@ -14,10 +14,11 @@ from magis.capture import workload_step
 from magis.cost import get_cost_model
 from magis.ir.graph import StorageMap, derive_storages
 from magis.ir.ops import LOAD_OP
-from magis.rules import RELAX, REMAT, SWAP, RuleContext
+from magis.rules import RELAX, REMAT, REMAT_TO_SWAP, SWAP, RuleContext
 from magis.rules.relax import Undo, fitting, recomputed_copies
 from magis.rules.remat import recomputed_pairs
 from magis.schedule.swaps import time_swaps
+from magis.search.decisions import Decision, DecisionKind
 from magis.search.reschedule import order_without_solving
 from magis.sim import simulate
 
@@ -97,6 +98,29 @@ def test_every_relaxation_at_the_states_own_peak_runs_exactly(bert_tiny):
     for rw in offered:
         res, placed = _apply(graph, order, rw)
         _check(bert_tiny, res.graph, placed)
+
+
+def test_explain_names_a_relaxation_by_what_it_undid(bert_tiny):
+    """A relaxation shares re-materialization's dual kind; its decision says undo-swap when
+    it dropped swaps alone, and undo-recompute when it merged copies back."""
+    graph, order = _recomputed_and_swapped(bert_tiny)
+    ctx = _context(graph, order, ceiling=10 * simulate(graph, order, COST).peak_bytes)
+    kinds = {}
+    for rw in RELAX.match(ctx):
+        res, placed = _apply(graph, order, rw)
+        after = simulate(res.graph, placed, COST)
+        decision = Decision.of_rewrite(rw, graph, ctx.sim, res.graph, res.added, res.removed, after)
+        swaps_only = "recomputed" not in rw.description
+        kinds[rw.description] = decision.kind
+        assert decision.kind is (
+            DecisionKind.UNDO_SWAP if swaps_only else DecisionKind.UNDO_RECOMPUTE
+        ), rw.description
+    assert set(kinds.values()) == {DecisionKind.UNDO_SWAP, DecisionKind.UNDO_RECOMPUTE}, kinds
+    trade = next(iter(REMAT_TO_SWAP.match(ctx)))  # swaps a recomputed copy's original instead
+    res, placed = _apply(graph, order, trade)
+    after = simulate(res.graph, placed, COST)
+    decision = Decision.of_rewrite(trade, graph, ctx.sim, res.graph, res.added, res.removed, after)
+    assert decision.kind is DecisionKind.SWAP, trade.description
 
 
 def test_relaxing_a_peers_swaps_on_a_concatenating_cnn_runs_exactly():
