@@ -30,7 +30,7 @@ from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP
 from magis.ir.storage import StorageMap
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.remat import duplicate_key, merge_into, recompute_call
+from magis.rules.remat import DuplicateScan, merge_into, recompute_call
 from magis.rules.swap import unswap_all_into
 from magis.sim.tables import node_times, tables
 
@@ -75,17 +75,12 @@ def recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
 def _recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     graph = ctx.graph
     same: dict[Ref, Ref] = {}  # a copy's outputs (and views of them) -> the original's
-    first: dict = {}
+    scan = DuplicateScan(graph, same)
     pairs = []
     for nid in ctx.order:
         if nid in ctx.frozen:
             continue
-        if recompute_call(graph, nid) is None:
-            continue
-        key = duplicate_key(graph, nid, same)
-        if key is None:  # unhashable constants: never merged
-            continue
-        original = first.setdefault(key, nid)
+        original = scan.first_alike(nid, _recomputable)
         if original == nid:
             continue
         for i in range(len(graph.node(nid).outputs)):
@@ -279,3 +274,7 @@ def relaxation_at_peak(
 # recomputation-swap trade: on a state that meets a latency limit, a child with the same peak
 # and less time would rank first by time alone).
 RELAX = Rule("relax", RuleKind.DEREMAT, _match_relax, only_when_wanted=True)
+
+
+def _recomputable(graph: Graph, nid: int) -> bool:
+    return recompute_call(graph, nid) is not None

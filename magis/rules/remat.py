@@ -17,7 +17,7 @@ bans them too).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from magis.ir import Graph, Ref
@@ -346,16 +346,58 @@ def recomputed_pairs(ctx: RuleContext) -> list[tuple[int, int]]:
 
 
 def _duplicates(graph: Graph, order, frozen) -> Iterator[tuple[int, int]]:
-    first: dict = {}
+    scan = DuplicateScan(graph)
     for nid in order:
-        if nid in frozen or recompute_call(graph, nid) is None or graph.info(nid).is_view:
-            continue
-        key = duplicate_key(graph, nid)
-        if key is None:
-            continue
-        keep = first.setdefault(key, nid)
-        if keep != nid:
-            yield keep, nid
+        if nid not in frozen:
+            keep = scan.first_alike(nid, _mergeable)
+            if keep != nid:
+                yield keep, nid
+
+
+def _mergeable(graph: Graph, nid: int) -> bool:
+    return recompute_call(graph, nid) is not None and not graph.info(nid).is_view
+
+
+_PENDING = object()  # a DuplicateScan group whose nodes have no key yet
+
+
+class DuplicateScan:
+    """Which earlier node computes what a node does (`duplicate_key`, inputs named by
+    `same`), over nodes given in schedule order. Two such nodes share their op and their
+    first input, so a node's key is built only once another shares both: on a graph of
+    40,000 nodes (a split decoder) building every key took most of a scan, and few nodes
+    share both. `same` may grow during the scan, by values of nodes already given (a
+    scheduled node's inputs are made before it: its key does not change afterwards)."""
+
+    def __init__(self, graph: Graph, same: dict[Ref, Ref] | None = None) -> None:
+        self.graph = graph
+        self.same = same
+        self._groups: dict = {}  # (op, first input) -> nodes without a key yet, or _PENDING
+        self._first: dict = {}  # key -> the first node with it
+
+    def first_alike(self, nid: int, eligible: Callable[[Graph, int], bool]) -> int:
+        """The first node given so far (`nid` included) that computes what `nid` does;
+        `nid` itself when it is the first, has no key, or is not `eligible`."""
+        graph, same = self.graph, self.same
+        node = graph.node(nid)
+        head = node.inputs[0] if node.inputs else None
+        if same and head is not None:
+            head = same.get(head, head)
+        group = self._groups.setdefault((node.op, head), [])
+        if group is not _PENDING:
+            if not group:  # alone so far: nothing earlier can compute the same
+                group.append(nid)
+                return nid
+            for m in group:
+                self._keyed(m, eligible)
+            self._groups[(node.op, head)] = _PENDING
+        return self._keyed(nid, eligible)
+
+    def _keyed(self, nid: int, eligible: Callable[[Graph, int], bool]) -> int:
+        if not eligible(self.graph, nid):
+            return nid
+        key = duplicate_key(self.graph, nid, self.same)
+        return nid if key is None else self._first.setdefault(key, nid)
 
 
 def segment_heads(graph: Graph, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:

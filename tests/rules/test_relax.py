@@ -12,11 +12,12 @@ from magis.backend import compile_program, verify
 from magis.baselines import BaselinePoint, get_baseline
 from magis.capture import workload_step
 from magis.cost import get_cost_model
+from magis.ir import Ref
 from magis.ir.graph import StorageMap, derive_storages
 from magis.ir.ops import LOAD_OP
 from magis.rules import RELAX, REMAT, REMAT_TO_SWAP, SWAP, RuleContext
 from magis.rules.relax import Undo, fitting, recomputed_copies
-from magis.rules.remat import recomputed_pairs
+from magis.rules.remat import duplicate_key, recompute_call, recomputed_pairs
 from magis.schedule.swaps import time_swaps
 from magis.search.decisions import Decision, DecisionKind
 from magis.search.reschedule import order_without_solving
@@ -98,6 +99,37 @@ def test_every_relaxation_at_the_states_own_peak_runs_exactly(bert_tiny):
     for rw in offered:
         res, placed = _apply(graph, order, rw)
         _check(bert_tiny, res.graph, placed)
+
+
+def _every_key_built(graph, order, same=None, views=True):
+    """(original, copy) by building every node's key: what `DuplicateScan` must find."""
+    first, pairs = {}, []
+    for nid in order:
+        if recompute_call(graph, nid) is None or (not views and graph.info(nid).is_view):
+            continue
+        key = duplicate_key(graph, nid, same)
+        if key is None:
+            continue
+        original = first.setdefault(key, nid)
+        if original != nid:
+            if same is not None:
+                same.update(
+                    {Ref(nid, i): Ref(original, i) for i in range(len(graph.node(nid).outputs))}
+                )
+            if not graph.info(nid).is_view:
+                pairs.append((original, nid))
+    return pairs
+
+
+def test_the_scan_that_keys_only_alike_nodes_finds_every_pair(bert_tiny):
+    """Recomputed segments (copies whose inputs are copies, which relaxation's scan names by
+    the originals) and swaps on bert-base:tiny: the pairs both scans find are the ones
+    building every node's key finds, in the same order."""
+    graph, order = _recomputed_and_swapped(bert_tiny)
+    ctx = _context(graph, order)
+    assert recomputed_pairs(ctx) == _every_key_built(graph, order, views=False)
+    assert recomputed_copies(ctx) == _every_key_built(graph, order, same={})
+    assert len(recomputed_copies(ctx)) > len(recomputed_pairs(ctx)) > 0
 
 
 def test_explain_names_a_relaxation_by_what_it_undid(bert_tiny):
