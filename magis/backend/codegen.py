@@ -26,7 +26,6 @@ from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP, out_overload
 from magis.ir.schema import IDENTIFIER, check_node, shown
-from magis.ir.tensor import contiguous_strides
 
 
 @dataclass(frozen=True)
@@ -120,14 +119,9 @@ def call_source(graph: Graph, nid: int, names: Names) -> str:
                 f"{node.op} has no out= overload to write {node.name} in place"
             )
         kwargs.append(f"out={names[node.writes_into]}")
-    if node.op == "aten.bernoulli.p" and not _row_major(graph, node.inputs[0]):
+    if node.op == "aten.bernoulli.p" and not graph.meta(node.inputs[0]).is_row_major:
         return _drawn_in_memory_order(args, kwargs)
     return f"{_callee(overload)}({', '.join(args + kwargs)})"
-
-
-def _row_major(graph: Graph, ref: Ref) -> bool:
-    meta = graph.meta(ref)
-    return meta.strides == contiguous_strides(meta.shape)
 
 
 def _drawn_in_memory_order(args: list[str], kwargs: list[str]) -> str:

@@ -64,6 +64,11 @@ class TensorMeta:
             object.__setattr__(self, "strides", contiguous_strides(self.shape))
 
     @property
+    def is_row_major(self) -> bool:
+        """Whether the strides are the row-major ones of the shape."""
+        return self.strides == contiguous_strides(self.shape)
+
+    @property
     def numel(self) -> int:
         return math.prod(self.shape)
 

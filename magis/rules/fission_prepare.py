@@ -27,7 +27,6 @@ import torch
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.graph import Node
 from magis.ir.ops import _base_name
-from magis.ir.tensor import contiguous_strides
 from magis.rules.rebuild import GraphRebuilder
 
 _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
@@ -70,7 +69,7 @@ def _detach_creation(rb: GraphRebuilder, node: Node) -> None:
     if base == "full":  # full_like(x, fill) or x.new_full(size, fill)
         fill = node.args[1] if name in _LIKE else node.args[2]
         args, op = (shape, fill), "aten.full.default"
-    elif base == "empty" and meta.strides != contiguous_strides(meta.shape):
+    elif base == "empty" and not meta.is_row_major:
         # Laid out as recorded: dropout draws its mask into it in memory order (codegen)
         args, op = (shape, list(meta.strides)), "aten.empty_strided.default"
     elif base == "empty":

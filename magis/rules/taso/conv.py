@@ -24,7 +24,6 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from magis.ir import Graph, Ref, TensorMeta
-from magis.ir.tensor import contiguous_strides
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
 from magis.rules.taso.common import (
     CONV_BACKWARD,
@@ -49,7 +48,7 @@ def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...] | None:
 def _needs_relayout(meta: TensorMeta) -> bool | None:
     """Whether eager's input gradient is channels-last (then the split restores it); None
     when it is neither that nor contiguous (then the rule does not apply)."""
-    if meta.strides == contiguous_strides(meta.shape) or meta.numel == 0:
+    if meta.is_row_major or meta.numel == 0:
         return False
     return True if meta.strides == _channels_last_strides(meta.shape) else None
 
