@@ -83,7 +83,7 @@ def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
     """For each repeated kind of swapped tensor, every swap of that kind dropped at once;
     then one rewrite per Load."""
     graph = ctx.graph
-    loads = [n for n in ctx.order if n not in ctx.frozen and graph.node(n).op == LOAD_OP]
+    loads = [n for n in ctx.nodes_of(LOAD_OP) if n not in ctx.frozen]
     yield from kind_rewrites(
         graph, loads, lambda n: _stored_value(graph, n), "deswap", RuleKind.DESWAP,
         lambda grp: f"drop the {len(grp)} swaps like "

@@ -99,7 +99,7 @@ def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int]
     ran (then `_defer_writers`); None when that order is not valid."""
     pos = _positions(old_order)
     spots = {min(olds, key=pos.__getitem__): list(news) for olds, news in result.in_place_of}
-    order = _inserted(old_order, spots, result.removed)
+    order = _inserted(old_order, spots, result.removed, pos)
     return _deferred_if_valid(result.graph, order, result.added, result.touched)
 
 
@@ -116,13 +116,27 @@ def _place_at_anchors(
     return _deferred_if_valid(result.graph, order, added, added)
 
 
-def _inserted(old_order: Sequence[int], before: dict[int, list[int]], removed) -> list[int]:
-    """The old order without `removed`, with `before[n]` inserted right before each n."""
-    order = []
-    for n in old_order:
+def _inserted(
+    old_order: Sequence[int],
+    before: dict[int, list[int]],
+    removed,
+    pos: dict[int, int] | None = None,
+) -> list[int]:
+    """The old order without `removed`, with `before[n]` inserted right before each n; `pos`
+    is the old order's positions, if known. Copied in slices between the few places that
+    change (a loop over a split decoder's 49,000 steps took 15 ms per child)."""
+    pos = _positions(old_order) if pos is None else pos
+    cuts = sorted({pos[n] for n in before if n in pos} | {pos[n] for n in removed if n in pos})
+    order: list[int] = []
+    start = 0
+    for at in cuts:
+        order.extend(old_order[start:at])
+        n = old_order[at]
         order.extend(before.get(n, ()))
         if n not in removed:
             order.append(n)
+        start = at + 1
+    order.extend(old_order[start:])
     return order
 
 

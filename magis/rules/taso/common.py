@@ -59,5 +59,5 @@ def conv_backward_mask(graph: Graph, nid: int) -> list[bool] | None:
 
 def largest_first(ctx: RuleContext, op: str) -> list[int]:
     """The nodes of `op`, largest first output first (the rewrites that matter most)."""
-    nodes = [n for n in ctx.order if ctx.graph.node(n).op == op]
+    nodes = ctx.nodes_of(op)
     return sorted(nodes, key=lambda n: -max(m.nbytes for m in ctx.graph.node(n).outputs))
