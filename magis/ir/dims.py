@@ -68,6 +68,16 @@ class OpDims:
         fed = {a for dims in self.inputs for a in dims if a is not None}
         object.__setattr__(self, "splittable", frozenset(fed | set(self.generated)))
 
+    def __reduce__(self):  # dataclass's own slots pickling reads `fields()` per object
+        return OpDims, (
+            self.lengths,
+            self.outputs,
+            self.inputs,
+            self.sums,
+            self.generated,
+            self.shape_args,
+        )
+
     def is_reduce(self, axis: Axis) -> bool:
         """A reduce axis appears in no output (MAGIS §4.1: the vertex <v, -j>)."""
         return not any(axis in dims for dims in self.outputs)

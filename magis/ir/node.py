@@ -17,6 +17,9 @@ class Ref:
     node: int
     index: int = 0
 
+    def __reduce__(self):  # dataclass's own slots pickling reads `fields()` per object
+        return Ref, (self.node, self.index)
+
 
 class NodeKind(enum.Enum):
     PLACEHOLDER = "placeholder"
@@ -50,6 +53,21 @@ class Node:
     # The model's module this node computes for ('encoder.layer.3.attention'), where capture
     # knew it; '' elsewhere. Only reports read it (`magis explain`).
     module: str = ""
+
+    def __reduce__(self):  # a state sent to a worker holds 50,000 of them: see `Ref`'s
+        return Node, (
+            self.id,
+            self.name,
+            self.op,
+            self.kind,
+            self.args,
+            self.kwargs,
+            self.outputs,
+            self.placeholder_kind,
+            self.writes_into,
+            self.inputs,
+            self.module,
+        )
 
     @property
     def is_placeholder(self) -> bool:

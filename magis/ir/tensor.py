@@ -63,6 +63,9 @@ class TensorMeta:
         if self.strides is None:
             object.__setattr__(self, "strides", contiguous_strides(self.shape))
 
+    def __reduce__(self):  # dataclass's own slots pickling reads `fields()` per object
+        return TensorMeta, (self.shape, self.dtype, self.itemsize, self.strides)
+
     @property
     def is_row_major(self) -> bool:
         """Whether the strides are the row-major ones of the shape."""

@@ -84,6 +84,10 @@ def _module_keys() -> dict[int, tuple]:
     return found
 
 
+# Types that are never sent by name (`_Pickler.persistent_id`).
+_PLAIN = frozenset({int, float, str, bytes, bool, tuple, list, dict, set, frozenset, type(None)})
+
+
 class _Pickler(pickle.Pickler):
     """Pickles a state so that it arrives whole: the op registry (its FLOP formulas are
     closures), the keys of the facts cached on a graph (`DerivedKey`: they compare by
@@ -96,6 +100,8 @@ class _Pickler(pickle.Pickler):
         self.keys = keys
 
     def persistent_id(self, obj: Any) -> tuple | None:
+        if type(obj) in _PLAIN:  # most of a state's millions of objects: one set lookup
+            return None
         if obj is DEFAULT_REGISTRY:
             return ("registry",)
         if isinstance(obj, Rule) and id(obj) in self.keys:

@@ -55,3 +55,22 @@ def test_objects_cannot_be_smuggled_in():
 
     with pytest.raises(PlanError, match="unreadable value"):
         decode_value({"__reduce__": "os.system"})
+
+
+def test_graph_objects_pickle_to_equal_ones_between_search_processes(mlp_step_factory):
+    """States travel to search workers pickled (`magis.search.workers`); the IR's slotted
+    classes pickle by their fields (a transposed output keeps its strides, an op's dimension
+    map its derived splittable axes)."""
+    from magis.analyze.dgraph import node_dims
+    from magis.ir.tensor import TensorMeta
+    from magis.search.workers import dumps, loads
+
+    g = mlp_step_factory("adam").graph
+    nodes = [g.node(n) for n in g.program_order()]
+    dims = node_dims(g)
+    back_nodes, back_dims = loads(dumps((nodes, dims)))
+    assert back_nodes == nodes
+    assert back_dims == dims
+    assert all(back_dims[n].splittable == dims[n].splittable for n in dims)
+    transposed = TensorMeta((3, 4), "float32", 4, (1, 3))
+    assert loads(dumps(transposed)).strides == (1, 3)
