@@ -148,13 +148,27 @@ def min_cut(
     return None if sides is None else _cut(graph, sides, penalty)
 
 
-def _cut(graph: Graph, sides: _Sides, penalty: float) -> MinCut | None:
-    """Alg. 1's auxiliary graph for `sides`, and its minimum cut."""
-    from ortools.graph.python import max_flow  # heavy; only the cut needs it
+_INFINITE = -1  # an arc no cut crosses: its capacity is set per price, above any cut's value
 
+
+@dataclass(frozen=True)
+class _Network:
+    """Alg. 1's auxiliary graph for one split of the step, but for the prices: built once and
+    cut at every price (the three cuts of a state share it)."""
+
+    index: dict[int, int]  # node -> its in-vertex; out-vertex = in + 1 (forward, inputs)
+    tails: np.ndarray
+    heads: np.ndarray
+    caps: np.ndarray  # _INFINITE where no cut may cross
+    priced: np.ndarray  # in-vertices of the forward nodes that may be recomputed
+    traffic: np.ndarray  # the bytes each of them reads and writes
+    forward_bytes: int
+
+
+def _network(graph: Graph, sides: _Sides) -> _Network:
     fwd, backward = sides.fwd, sides.backward
     fwd_set = set(fwd)
-    index: dict[int, int] = {}  # node -> its in-vertex; out-vertex = in + 1 (forward, inputs)
+    index: dict[int, int] = {}
     for n in (*sides.inputs, *fwd):
         index[n] = 2 + 2 * len(index)
     base = 2 + 2 * len(index)
@@ -162,8 +176,6 @@ def _cut(graph: Graph, sides: _Sides, penalty: float) -> MinCut | None:
         index[n] = base + k
     source, sink = 0, 1
     tails, heads, caps = [], [], []
-    price = {n: int(penalty * _traffic(graph, n)) for n in fwd if n not in sides.banned}
-    total = sum(_bytes(graph, n) for n in fwd) + sum(price.values()) + 1  # more than any cut
 
     def arc(u: int, v: int, c: int) -> None:
         tails.append(u)
@@ -171,30 +183,59 @@ def _cut(graph: Graph, sides: _Sides, penalty: float) -> MinCut | None:
         caps.append(c)
 
     for p in sides.inputs:
-        arc(source, index[p], total)
+        arc(source, index[p], _INFINITE)
         arc(index[p], index[p] + 1, 0)  # resident: saving it costs nothing
+    forward_bytes = 0
     for n in fwd:
-        arc(index[n], index[n] + 1, _bytes(graph, n))
+        size = _bytes(graph, n)
+        forward_bytes += size
+        arc(index[n], index[n] + 1, size)
         if n in sides.banned:
-            arc(source, index[n], total)
-        elif price[n] > 0:
-            arc(source, index[n], price[n])
+            arc(source, index[n], _INFINITE)
     for n in backward:
-        arc(index[n], sink, total)
+        arc(index[n], sink, _INFINITE)
     for u in (*sides.inputs, *fwd):
         for v in graph.users(u):
             if v in fwd_set or v in backward:
-                arc(index[u] + 1, index[v], total)
+                arc(index[u] + 1, index[v], _INFINITE)
+    free = [n for n in fwd if n not in sides.banned]
+    return _Network(
+        index,
+        np.array(tails, dtype=np.int32),
+        np.array(heads, dtype=np.int32),
+        np.array(caps, dtype=np.int64),
+        np.array([index[n] for n in free], dtype=np.int32),
+        np.array([_traffic(graph, n) for n in free], dtype=np.float64),
+        forward_bytes,
+    )
+
+
+def _cut(
+    graph: Graph, sides: _Sides, penalty: float, network: _Network | None = None
+) -> MinCut | None:
+    """The minimum cut of Alg. 1's auxiliary graph for `sides` (`network`, if built), with an
+    arc s -> i_in of `penalty` times its traffic for each node i that may be recomputed.
+    (Which maximum flow the solver finds does not matter: the vertices the source reaches in
+    its residual graph are the same for all of them.)"""
+    from ortools.graph.python import max_flow  # heavy; only the cut needs it
+
+    net = _network(graph, sides) if network is None else network
+    price = (penalty * net.traffic).astype(np.int64)
+    total = net.forward_bytes + int(price.sum()) + 1  # more than any cut
+    charged = price > 0
     flow = max_flow.SimpleMaxFlow()
     flow.add_arcs_with_capacity(
-        np.array(tails, dtype=np.int32), np.array(heads, dtype=np.int32), np.array(caps)
+        np.concatenate([net.tails, np.zeros(int(charged.sum()), dtype=np.int32)]),
+        np.concatenate([net.heads, net.priced[charged]]),
+        np.concatenate([np.where(net.caps == _INFINITE, total, net.caps), price[charged]]),
     )
-    if flow.solve(source, sink) != flow.OPTIMAL:
+    if flow.solve(0, 1) != flow.OPTIMAL:
         return None
-    src_side = set(int(v) for v in flow.get_source_side_min_cut())
-    saved = {n for n in fwd if index[n] in src_side and index[n] + 1 not in src_side}
-    sink_side = {n for n in fwd if index[n] not in src_side}
-    return MinCut(frozenset(saved), _needed(graph, sink_side, backward), backward)
+    src_side = set(flow.get_source_side_min_cut())
+    index = net.index
+    saved = {n for n in sides.fwd if index[n] in src_side and index[n] + 1 not in src_side}
+    sink_side = {n for n in sides.fwd if index[n] not in src_side}
+    return MinCut(frozenset(saved), _needed(graph, sink_side, sides.backward), sides.backward)
 
 
 def _needed(graph: Graph, sink_side: set[int], backward) -> frozenset[int]:
@@ -334,9 +375,10 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
 
     def build(penalty: float) -> Rewritten:
         if "sides" not in memo:
-            memo["sides"] = _sides(graph, "runtime", order, frozen)
+            memo["sides"] = sides = _sides(graph, "runtime", order, frozen)
+            memo["network"] = None if sides is None else _network(graph, sides)
         sides = memo["sides"]
-        cut = None if sides is None else _cut(graph, sides, penalty)
+        cut = None if sides is None else _cut(graph, sides, penalty, memo["network"])
         result = None
         if cut is not None and cut.recomputed not in memo["traced"]:
             memo["traced"].add(cut.recomputed)
