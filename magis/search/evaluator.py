@@ -133,8 +133,9 @@ class Evaluator:
         """F-Tree mutations (while the lineage allows them) alternating with every rule's
         rewrites taken in turn, so the first moves tried cover every kind. Fission has every
         other turn: it is where the large reductions are (§7.2); under a time budget it skips
-        its turns while it has taken more than `fission_share` of the seconds spent building
-        children (on large graphs one materialization costs what dozens of rule children do). (All F-Tree moves first, as
+        its turns while materializations that improved nothing have taken more than
+        `fission_share` of the seconds spent building children (on large graphs one costs
+        what dozens of rule children do). (All F-Tree moves first, as
         before, starved the other rules on large graphs: an encoder-decoder of 5,172 nodes
         spent a 180 s search on 119 materializations, not one re-materialization or swap.)
 
@@ -151,10 +152,11 @@ class Evaluator:
                 (
                     "fission:" + d.split()[0],
                     lambda b=build, d=d: self._spent(
-                        True,
                         lambda: self.repaired(
                             self.fission_child(state, b, "fission:" + d.split()[0]), objective
                         ),  # a materialization renumbers nodes: no parent context
+                        state,
+                        objective,
                     ),
                 )
                 for d, build in fission_moves.moves(
@@ -169,7 +171,7 @@ class Evaluator:
                 (
                     rw.rule,
                     lambda r=rw: self._spent(
-                        False, lambda: self.repaired(self.child(state, r), objective, ctx)
+                        lambda: self.repaired(self.child(state, r), objective, ctx)
                     ),
                 )
                 for rw in self._matches(rule, ctx if rule.kind is RuleKind.TASO else inside)
@@ -180,15 +182,27 @@ class Evaluator:
             return round_robin(others)
         return alternate_within_share(streams[0], round_robin(others), self.fission_over_share)
 
-    def _spent(self, fission: bool, build: Callable[[], MState | None]) -> MState | None:
-        """`build()`, its seconds counted towards the F-Tree materializations' share."""
+    def _spent(
+        self,
+        build: Callable[[], MState | None],
+        fission_of: MState | None = None,
+        objective: Objective | None = None,
+    ) -> MState | None:
+        """`build()`, its seconds counted; an F-Tree materialization's (`fission_of`: the
+        state it mutates) towards fission's share unless its child is better than that state
+        under `objective` (a split that pays is never what holds the other moves back)."""
         start = time.perf_counter()
+        child = None
         try:
-            return build()
+            child = build()
+            return child
         finally:
             seconds = time.perf_counter() - start
             self.move_seconds += seconds
-            if fission:
+            paid = (
+                child is not None and objective is not None and objective.better(child, fission_of)
+            )
+            if fission_of is not None and not paid:
                 self.fission_seconds += seconds
 
     def fission_over_share(self) -> bool:

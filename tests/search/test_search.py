@@ -464,12 +464,20 @@ def test_the_fission_share_is_kept_only_under_a_time_budget():
     assert SearchOptions(max_states=10).fission_share is None
     assert SearchOptions(time_budget=5).fission_share == FISSION_SHARE
     cost = get_cost_model("rtx3090")
+
+    class Pays:  # an objective under which every child beats its parent
+        def better(self, child, parent):
+            return True
+
+    parent, child = object(), object()
     timed = Evaluator(cost, fission_share=0.25)
-    timed._spent(True, lambda: time.sleep(0.02))
-    timed._spent(False, lambda: time.sleep(0.01))
+    timed._spent(lambda: time.sleep(0.02), fission_of=parent)
+    timed._spent(lambda: time.sleep(0.01))
     assert timed.fission_over_share()  # 2/3 of the seconds went to fission
-    timed._spent(False, lambda: time.sleep(0.08))
+    timed._spent(lambda: time.sleep(0.08))
     assert not timed.fission_over_share()
+    timed._spent(lambda: (time.sleep(0.2), child)[1], fission_of=parent, objective=Pays())
+    assert timed.fission_seconds < 0.1  # a split that paid is not held against fission
     untimed = Evaluator(cost, fission_share=None)
-    untimed._spent(True, lambda: time.sleep(0.02))
+    untimed._spent(lambda: time.sleep(0.02), fission_of=parent)
     assert not untimed.fission_over_share()
