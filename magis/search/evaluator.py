@@ -75,11 +75,6 @@ class Evaluator:
     seen: set[int] = field(default_factory=set)  # hashes of every graph evaluated
     seen_trees: set = field(default_factory=set)  # F-Trees already materialized
     checker: MetaChecker = field(default_factory=MetaChecker)
-    # The share of the seconds spent building children that F-Tree materializations may take
-    # while other moves wait (`SearchOptions.fission_share`; None: turns simply alternate).
-    fission_share: float | None = None
-    fission_seconds: float = 0.0
-    move_seconds: float = 0.0
 
     def timed(self, part: str, fn: Callable, *args):
         start = time.perf_counter()
@@ -132,10 +127,7 @@ class Evaluator:
     ) -> Iterator[Move]:
         """F-Tree mutations (while the lineage allows them) alternating with every rule's
         rewrites taken in turn, so the first moves tried cover every kind. Fission has every
-        other turn: it is where the large reductions are (§7.2); under a time budget it skips
-        its turns while materializations that improved nothing have taken more than
-        `fission_share` of the seconds spent building children (on large graphs one costs
-        what dozens of rule children do). (All F-Tree moves first, as
+        other turn: it is where the large reductions are (§7.2). (All F-Tree moves first, as
         before, starved the other rules on large graphs: an encoder-decoder of 5,172 nodes
         spent a 180 s search on 119 materializations, not one re-materialization or swap.)
 
@@ -151,13 +143,9 @@ class Evaluator:
             streams.append(
                 (
                     "fission:" + d.split()[0],
-                    lambda b=build, d=d: self._spent(
-                        lambda: self.repaired(
-                            self.fission_child(state, b, "fission:" + d.split()[0]), objective
-                        ),  # a materialization renumbers nodes: no parent context
-                        state,
-                        objective,
-                    ),
+                    lambda b=build, d=d: self.repaired(
+                        self.fission_child(state, b, "fission:" + d.split()[0]), objective
+                    ),  # a materialization renumbers nodes: no parent context
                 )
                 for d, build in fission_moves.moves(
                     state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
@@ -168,46 +156,12 @@ class Evaluator:
             rules = ordered_for(rules, wants_memory)
         others = [
             (
-                (
-                    rw.rule,
-                    lambda r=rw: self._spent(
-                        lambda: self.repaired(self.child(state, r), objective, ctx)
-                    ),
-                )
+                (rw.rule, lambda r=rw: self.repaired(self.child(state, r), objective, ctx))
                 for rw in self._matches(rule, ctx if rule.kind is RuleKind.TASO else inside)
             )
             for rule in rules
         ]
-        if not streams:
-            return round_robin(others)
-        return alternate_within_share(streams[0], round_robin(others), self.fission_over_share)
-
-    def _spent(
-        self,
-        build: Callable[[], MState | None],
-        fission_of: MState | None = None,
-        objective: Objective | None = None,
-    ) -> MState | None:
-        """`build()`, its seconds counted; an F-Tree materialization's (`fission_of`: the
-        state it mutates) towards fission's share unless its child is better than that state
-        under `objective` (a split that pays is never what holds the other moves back)."""
-        start = time.perf_counter()
-        child = None
-        try:
-            child = build()
-            return child
-        finally:
-            seconds = time.perf_counter() - start
-            self.move_seconds += seconds
-            paid = (
-                child is not None and objective is not None and objective.better(child, fission_of)
-            )
-            if fission_of is not None and not paid:
-                self.fission_seconds += seconds
-
-    def fission_over_share(self) -> bool:
-        share = self.fission_share
-        return share is not None and self.fission_seconds > share * self.move_seconds
+        return round_robin([*streams, round_robin(others)])
 
     def _matches(self, rule: Rule, ctx: RuleContext) -> Iterator[Rewrite]:
         """The rule's rewrites; a rule that raises while it matches offers no more on this
@@ -396,25 +350,6 @@ def full_schedule(graph: Graph, cost: CostModel) -> list[int]:
     if tables(graph).copy_nodes:
         order = time_swaps(graph, order, cost)
     return order
-
-
-def alternate_within_share(first, second, over_share: Callable[[], bool]) -> Iterator:
-    """One item of `first`, then one of `second`, in turn; `first` skips its turns while
-    `over_share()`, unless `second` is exhausted (no move is dropped, only deferred)."""
-    first, second = iter(first), iter(second)
-    while first is not None or second is not None:
-        if first is not None and (second is None or not over_share()):
-            item = next(first, None)
-            if item is None:
-                first = None
-            else:
-                yield item
-        if second is not None:
-            item = next(second, None)
-            if item is None:
-                second = None
-            else:
-                yield item
 
 
 def round_robin(streams) -> Iterator:

@@ -230,9 +230,7 @@ class _Search:
             dp_order,
         )
         init_seconds = time.perf_counter() - init_start  # mostly the initial analysis
-        evaluator = Evaluator(
-            cost, options.memory_figure, seen={init.hash.value}, fission_share=options.fission_share
-        )
+        evaluator = Evaluator(cost, options.memory_figure, seen={init.hash.value})
         ranking = QueueOrder(objective, init.latency, options.delta)
         ranking.observe(init, 0.0)
         queue = SearchQueue(ranking)

@@ -15,15 +15,6 @@ from magis.rules import Rule
 
 DELTA = 1.1  # Alg. 3's relaxation coefficient
 EXPANSION_WIDTH = 8  # children evaluated per pop before the state goes back (partial expansion)
-# Under a time budget, at most this share of the seconds spent building children goes to
-# F-Tree materializations that improve nothing while other moves wait (`Evaluator.moves`;
-# one whose child beats the state it split is not counted against it). A materialization
-# rebuilds, checks and hashes every part of the regions it splits: on a split decoder of
-# 49,000 nodes (corpus:phi) one took 3.6 s where a rule's child took 0.13 s, and alternating
-# turns gave fission half of a 60 s search, nine of its ten children improving nothing. A
-# third keeps fission first in every lineage (the first materialization is free: nothing was
-# spent yet) and its turns wherever it costs what the other moves do.
-FISSION_SHARE = 1 / 3
 
 
 class MemoryFigure(enum.Enum):
@@ -64,12 +55,6 @@ class SearchOptions:
     expansion_width: int = EXPANSION_WIDTH
     workers: int = 1
     ray: str | None = None
-
-    @property
-    def fission_share(self) -> float | None:
-        """`FISSION_SHARE` under a time budget; None (turns alternate, whatever they cost)
-        with `max_states`, whose search must not read the clock to stay reproducible."""
-        return FISSION_SHARE if self.max_states is None else None
 
     @property
     def reanalyse(self) -> bool:

@@ -242,12 +242,7 @@ class ChildWorker:
         self.rules = rules
         self.objective = objective
         self.hotspots_only = options.hotspots_only
-        self.evaluator = _MirrorEvaluator(
-            cost,
-            options.memory_figure,
-            seen_trees=_TreeKeys(),
-            fission_share=options.fission_share,
-        )
+        self.evaluator = _MirrorEvaluator(cost, options.memory_figure, seen_trees=_TreeKeys())
         self.states: dict[Sid, MState] = {}
         self.streams: dict[Sid, tuple[Iterator, int]] = {}
         self.count = 0

@@ -1,6 +1,5 @@
 """The search (Alg. 3): it improves, stays valid, and its best plan runs and verifies."""
 
-import time
 from dataclasses import replace
 
 import pytest
@@ -431,53 +430,3 @@ def test_the_search_collects_garbage_at_its_own_pace_and_gives_the_callers_back(
     assert all(t[0] >= SEARCH_YOUNG_THRESHOLD and t[1:] == before[1:] for t in seen)
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0  # the caller's heap is not frozen
-
-
-def test_fission_moves_skip_their_turns_while_over_their_share():
-    """Fission and the rules alternate; over its share, fission waits (its moves are deferred
-    to after the rules', never dropped)."""
-    from magis.search.evaluator import alternate_within_share
-
-    over = [False]
-    fission, rules = iter(["f1", "f2", "f3"]), iter(["r1", "r2", "r3", "r4"])
-    moves = alternate_within_share(fission, rules, lambda: over[0])
-    taken = [next(moves), next(moves)]
-    over[0] = True
-    taken += [next(moves), next(moves), next(moves)]
-    assert taken == ["f1", "r1", "r2", "r3", "r4"]
-    assert list(moves) == ["f2", "f3"]  # the rules exhausted: fission goes on over its share
-    over[0] = False
-    assert list(alternate_within_share(["f1", "f2", "f3"], ["r1"], lambda: False)) == [
-        "f1",
-        "r1",
-        "f2",
-        "f3",
-    ]
-
-
-def test_the_fission_share_is_kept_only_under_a_time_budget():
-    """A search bounded by states does not read the clock for its order (it stays
-    reproducible); a timed one keeps fission to its share of the seconds spent on children."""
-    from magis.search.evaluator import Evaluator
-    from magis.search.options import FISSION_SHARE
-
-    assert SearchOptions(max_states=10).fission_share is None
-    assert SearchOptions(time_budget=5).fission_share == FISSION_SHARE
-    cost = get_cost_model("rtx3090")
-
-    class Pays:  # an objective under which every child beats its parent
-        def better(self, child, parent):
-            return True
-
-    parent, child = object(), object()
-    timed = Evaluator(cost, fission_share=0.25)
-    timed._spent(lambda: time.sleep(0.02), fission_of=parent)
-    timed._spent(lambda: time.sleep(0.01))
-    assert timed.fission_over_share()  # 2/3 of the seconds went to fission
-    timed._spent(lambda: time.sleep(0.08))
-    assert not timed.fission_over_share()
-    timed._spent(lambda: (time.sleep(0.2), child)[1], fission_of=parent, objective=Pays())
-    assert timed.fission_seconds < 0.1  # a split that paid is not held against fission
-    untimed = Evaluator(cost, fission_share=None)
-    untimed._spent(lambda: time.sleep(0.02), fission_of=parent)
-    assert not untimed.fission_over_share()
