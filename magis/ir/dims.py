@@ -36,12 +36,13 @@ from types import MappingProxyType
 from typing import Any
 
 from magis.ir.ops import _base_name, tensor_metas
-from magis.ir.tensor import TensorMeta
+from magis.ir.tensor import TensorMeta, pickled_by_fields
 
 Axis = int
 DimMap = tuple[Axis | None, ...]  # one entry per dimension of a tensor
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class OpDims:
     """The dimension correspondences of one op call.
@@ -67,16 +68,6 @@ class OpDims:
     def __post_init__(self) -> None:
         fed = {a for dims in self.inputs for a in dims if a is not None}
         object.__setattr__(self, "splittable", frozenset(fed | set(self.generated)))
-
-    def __reduce__(self):  # dataclass's own slots pickling reads `fields()` per object
-        return OpDims, (
-            self.lengths,
-            self.outputs,
-            self.inputs,
-            self.sums,
-            self.generated,
-            self.shape_args,
-        )
 
     def is_reduce(self, axis: Axis) -> bool:
         """A reduce axis appears in no output (MAGIS §4.1: the vertex <v, -j>)."""

@@ -7,18 +7,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from magis.ir.tensor import TensorMeta
+from magis.ir.tensor import TensorMeta, pickled_by_fields
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True, order=True)
 class Ref:
     """Output `index` of node `node`."""
 
     node: int
     index: int = 0
-
-    def __reduce__(self):  # dataclass's own slots pickling reads `fields()` per object
-        return Ref, (self.node, self.index)
 
 
 class NodeKind(enum.Enum):
@@ -36,6 +34,7 @@ class PlaceholderKind(enum.Enum):
     CONSTANT = "constant"  # a tensor the traced code created from Python data (a get_attr)
 
 
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class Node:
     id: int
@@ -53,21 +52,6 @@ class Node:
     # The model's module this node computes for ('encoder.layer.3.attention'), where capture
     # knew it; '' elsewhere. Only reports read it (`magis explain`).
     module: str = ""
-
-    def __reduce__(self):  # a state sent to a worker holds 50,000 of them: see `Ref`'s
-        return Node, (
-            self.id,
-            self.name,
-            self.op,
-            self.kind,
-            self.args,
-            self.kwargs,
-            self.outputs,
-            self.placeholder_kind,
-            self.writes_into,
-            self.inputs,
-            self.module,
-        )
 
     @property
     def is_placeholder(self) -> bool:

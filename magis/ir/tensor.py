@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 import torch
 
@@ -41,6 +42,20 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def pickled_by_fields(cls):
+    """Class decorator: a slotted dataclass pickles as a call with its init fields (the field
+    names read once here). `dataclasses`' own slots pickling calls `fields()` per object, and
+    a search state sent to a worker holds some 50,000 nodes, each with refs and metas."""
+    values = attrgetter(*(f.name for f in fields(cls) if f.init))  # a tuple: two or more
+
+    def __reduce__(self):
+        return cls, values(self)
+
+    cls.__reduce__ = __reduce__
+    return cls
+
+
+@pickled_by_fields
 @dataclass(frozen=True, slots=True)
 class TensorMeta:
     """Shape, dtype, size in bytes and strides of one output of one node.
@@ -62,9 +77,6 @@ class TensorMeta:
     def __post_init__(self) -> None:
         if self.strides is None:
             object.__setattr__(self, "strides", contiguous_strides(self.shape))
-
-    def __reduce__(self):  # dataclass's own slots pickling reads `fields()` per object
-        return TensorMeta, (self.shape, self.dtype, self.itemsize, self.strides)
 
     @property
     def is_row_major(self) -> bool:
