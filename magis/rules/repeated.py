@@ -7,7 +7,11 @@ state, a child's schedule and a simulation for each, and on a graph of 7,000 nod
 affords a few states per second. So re-materialization and swapping also offer, for each kind
 of hot storage several of them share (the producer's op, shape and dtype), the rewrite of all
 of them in one child; the one-storage rewrites stay, for when the whole group is too slow for
-a latency limit. (MAGIS §5.2 defines the rewrites on one tensor; grouping them is ours.)
+a latency limit. Each kind is also offered by its first half: under a latency limit the
+whole kind is often too slow where half of it fits, and the half's child offers the rest's
+halves in turn, so a kind is taken in a few steps instead of one tensor per state (the
+one-at-a-time descent took corpus:regnet's search 1.5 s per 37 MiB). (MAGIS §5.2 defines the
+rewrites on one tensor; grouping them is ours.)
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from magis.rules.base import Rewrite, Rewritten, RuleContext, RuleKind
 
 MIN_GROUP = 3  # fewer repeats than this are left to the one-storage rewrites
 MAX_GROUPS = 2  # kinds offered per state, largest total first
+MIN_HALF = 2  # a smaller half is left to the one-storage rewrites
 
 
 def signature(graph: Graph, storage: Ref) -> tuple:
@@ -58,8 +63,18 @@ def kind_rewrites(
 ) -> Iterator[Rewrite]:
     """One rewrite per repeated kind among `items` (`grouped_by_kind` of `value(item)`), built
     by `build(group)`: the duals' undo of a whole kind, and the swap trade of one."""
-    for group in grouped_by_kind(graph, items, value):
+    for group in with_halves(grouped_by_kind(graph, items, value)):
         yield Rewrite(rule, kind, describe(group), lambda g=group: build(g))
+
+
+def with_halves(groups: list[list[Any]]) -> Iterator[list[Any]]:
+    """Each group, then its first half (in the group's order: the hottest first) when that
+    half has `MIN_HALF` members (a half under `MIN_GROUP` is taken back one at a time)."""
+    for group in groups:
+        yield group
+    for group in groups:
+        if len(group) // 2 >= MIN_HALF:
+            yield group[: len(group) // 2]
 
 
 def apply_to_all(
@@ -89,7 +104,7 @@ def repeated_rewrites(
     """One rewrite per repeated kind of hot storage among `reads` (every hot storage's late
     reads the rule accepts, uncapped), applying `edit` to all of that kind."""
     graph = ctx.graph
-    for group in repeated_groups(graph, reads):
+    for group in with_halves(repeated_groups(graph, reads)):
         first = graph.node(group[0].storage.node).name
         yield Rewrite(
             rule,
