@@ -120,6 +120,37 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert lat.key(dear) == lat.objective.key(dear) < lat.key(cheap)
 
 
+def test_latency_limited_queue_pops_the_best_state_every_other_time_while_it_sweeps():
+    """The sweep ranks cheap savings first, but the best state (a peer's plan near the limit)
+    is not kept waiting for it: every other pop is by BetterThan until the cap is the limit."""
+    from dataclasses import dataclass
+
+    from magis.search.queue import QueueOrder, SearchQueue
+
+    @dataclass
+    class S:
+        memory: int
+        latency: float
+
+    lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
+    assert lat.alternating
+    queue = SearchQueue(lat)
+    warm, cheap, cheaper, over = S(40, 1.09), S(80, 1.01), S(90, 1.0), S(10, 1.2)
+    for st in (cheap, warm, over, cheaper):
+        queue.push(st)
+    popped = [queue.pop()[0] for _ in range(4)]
+    assert popped == [cheap, warm, cheaper, over] and not queue
+    for progress in (0.2, 0.34, 0.5):
+        lat.observe(cheap, progress)
+    assert not lat.capped and not lat.alternating  # the sweep is over: BetterThan alone
+    start = S(100, 1.0)  # the search's own start goes first, then takes its place by memory
+    queue.push(warm)
+    queue.push_first(start)
+    assert queue.pop() == (start, None) and queue.pop()[0] == warm and not queue
+    queue.push(start, moves="rest")
+    assert queue.pop() == (start, "rest") and not queue
+
+
 def test_fission_moves_alone_find_a_plan_that_verifies():
     _, step = workload_step("bert-base:tiny", dtype=torch.float64)
     cost = get_cost_model("rtx3090")
