@@ -296,6 +296,14 @@ def training_step(
     if optimizer not in OPTIMIZERS:
         raise MagisError(f"unknown optimizer {optimizer!r}; use one of sgd, adam or None")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            # FakeTensor's capture would fail on it with a TypeError about weak references
+            raise CaptureError(
+                f"training_step's example input {i} is a {type(x).__name__}, not a tensor: pass "
+                "a tensor or a tuple of tensors (a dict batch goes through magis.compile or a "
+                "model file's factory)"
+            )
     trained = [n for n, p in model.named_parameters() if p.requires_grad]
     if loss_fn is None:
         loss = lambda m, *data: loss_of(m(*data))  # noqa: E731

@@ -221,7 +221,7 @@ class SearchQueue:
         self._taken: set[int] = set()
         self._pops = 0
         self._live = 0
-        self._first: list[tuple[int, MState]] = []  # `push_first`: popped before the order
+        self._first: list[MState] = []  # `push_first`: popped before the order
 
     def __bool__(self) -> bool:
         return self._live > 0
@@ -235,14 +235,14 @@ class SearchQueue:
     def push_first(self, state: MState) -> None:
         """Queue `state` to be popped before any other entry (once; when it is pushed back
         with its remaining moves, it takes its place in the order)."""
-        self._first.append((next(self._tie), state))
+        self._first.append(state)
         self._live += 1
 
     def pop(self):
         """(state, moves) of the next entry."""
         if self._first:
             self._live -= 1
-            return self._first.pop(0)[1], None
+            return self._first.pop(0), None
         self._pops += 1
         plain = self.order.alternating and self._pops % 2 == 0
         heap = self._heaps[1 if plain else 0]

@@ -92,3 +92,12 @@ def test_top_level_api_names():
     model = torch.nn.Linear(3, 1)
     step = magis.training_step(model, (torch.randn(2, 3),), loss_fn=lambda o, x: o.sum())
     assert len(step.graph.placeholders(PlaceholderKind.WEIGHT)) == 2
+
+
+def test_training_step_refuses_an_input_that_is_not_a_tensor_in_one_line():
+    from magis.capture import training_step
+
+    model = torch.nn.Linear(3, 1)
+    batch = ({"x": torch.randn(2, 3)},)
+    with pytest.raises(CaptureError, match="example input 0 is a dict, not a tensor"):
+        training_step(model, batch, loss_fn=lambda o, x: o.sum())
