@@ -1,0 +1,85 @@
+"""Store/Load timing (schedule/swaps.py, MAGIS §6.2): the indexed `time_swaps` places every copy
+exactly where moving the copies one by one does (`time_swaps_by_moves`, the definition), on
+swapped graphs in many valid orders."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from magis.capture import workload_step
+from magis.cost import UnitCostModel, get_cost_model
+from magis.ir import Ref
+from magis.rules import SWAP, RuleContext
+from magis.rules.remat import LateReads
+from magis.rules.swap import swap
+from magis.schedule.swaps import time_swaps, time_swaps_by_moves
+from magis.search.reschedule import order_without_solving
+from magis.sim import simulate, tables
+
+COST = get_cost_model("rtx3090")
+
+
+class _SlowCopies(UnitCostModel):
+    """Every op 1 s, every copy 2.5 s: each Load walks back over three ops (rtx3090's copies
+    of tiny tensors walk to their Store)."""
+
+    def transfer_time(self, nbytes: int) -> float:
+        return 2.5
+
+
+COSTS = [COST, UnitCostModel(), _SlowCopies()]
+
+
+@pytest.fixture(scope="module")
+def swapped():
+    """bert-base:tiny with a dozen tensors swapped, one swap rewrite after another, and two
+    outputs of one layer norm (two Stores right after one producer)."""
+    _, step = workload_step("bert-base:tiny", dtype=torch.float64)
+    graph, order = step.graph, list(step.graph.program_order())
+    for _ in range(12):
+        ctx = RuleContext(graph, tuple(order), simulate(graph, order, COST), cost=COST)
+        rewrite = next(rw for rw in SWAP.match(ctx) if "like it" not in rw.description)
+        graph, order = _placed(order, rewrite.build())
+    norm = next(n for n in order if graph.node(n).op == "aten.native_layer_norm.default")
+    for index in (1, 2):
+        pos = {n: i for i, n in enumerate(order)}
+        readers = sorted(graph.storages().readers[Ref(norm, index)], key=pos.__getitem__)
+        graph, order = _placed(order, swap(graph, LateReads(Ref(norm, index), tuple(readers), ())))
+    assert len(tables(graph).copy_nodes) >= 28
+    return graph, order
+
+
+def _placed(order, res):
+    return res.graph, time_swaps_by_moves(res.graph, order_without_solving(order, res), COST)
+
+
+def _random_topological(graph, rng: np.random.Generator) -> list[int]:
+    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
+    ready = [n for n, d in indegree.items() if d == 0]
+    order = []
+    while ready:
+        n = ready.pop(int(rng.integers(len(ready))))
+        order.append(n)
+        for s in graph.successors(n):
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                ready.append(s)
+    return order
+
+
+@pytest.mark.parametrize("cost", COSTS, ids=lambda c: type(c).__name__)
+def test_indexed_timing_equals_moving_copies_one_by_one_in_the_search_order(swapped, cost):
+    graph, order = swapped
+    assert time_swaps(graph, order, cost) == time_swaps_by_moves(graph, order, cost)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), which=st.sampled_from(range(len(COSTS))))
+def test_indexed_timing_equals_moving_copies_one_by_one_in_any_valid_order(swapped, seed, which):
+    graph, _ = swapped
+    order = _random_topological(graph, np.random.default_rng(seed))
+    timed = time_swaps(graph, order, COSTS[which])
+    assert timed == time_swaps_by_moves(graph, order, COSTS[which])
+    assert sorted(timed) == sorted(order)
