@@ -359,7 +359,8 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
     Policy (the max-flow on a 3,000-7,000-node step costs 0.1-0.3 s with the trace, ten times a
     re-materialization's child): offered only on a training step whose graph has no min-cut
     recomputations yet (once per line of states: the cut of a graph already cut recomputes
-    nothing new, and its child would be a duplicate; a min-cut warm start counts as cut), and,
+    nothing new, and its child would be a duplicate; a min-cut warm start counts as cut; the
+    search does not offer it on a local rewrite's child either, `Rule.once_per_line`), and,
     under H2, only when the peak holds a value the cut may recompute. Both checks cost a scan
     of the graph. The cut itself is computed in `build`, which the search calls only when it
     evaluates the child; where it finds nothing to do, `build` gives the graph unchanged,
@@ -395,4 +396,4 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
-MINCUT_REMAT = Rule("min-cut-remat", RuleKind.REMAT, _match)
+MINCUT_REMAT = Rule("min-cut-remat", RuleKind.REMAT, _match, once_per_line=True)

@@ -18,7 +18,15 @@ from magis.backend.meta_check import MetaChecker, MetaReport
 from magis.cost import CostModel
 from magis.errors import MagisError, MagisWarning
 from magis.ir import Graph
-from magis.rules import Rewrite, Rewritten, Rule, RuleContext, RuleKind, ordered_for
+from magis.rules import (
+    Rewrite,
+    Rewritten,
+    Rule,
+    RuleContext,
+    RuleKind,
+    after_local_move,
+    ordered_for,
+)
 from magis.rules.relax import relaxation_at_peak
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
@@ -152,6 +160,7 @@ class Evaluator:
                 )
             )
         inside = replace(ctx, frozen=frozenset()) if ctx.frozen else ctx
+        rules = after_local_move(rules, state.history)
         if wants_memory is not None:
             rules = ordered_for(rules, wants_memory)
         others = [
