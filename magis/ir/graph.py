@@ -359,8 +359,8 @@ class Graph:
 
         Read off the rustworkx successors (a control edge is not a use), so a rewrite that
         mutates the graph many times never pays for a whole-graph recount."""
-        succ = (self._dag[i] for i in self._dag.successor_indices(self._index[nid]))
         nodes = self._nodes
+        succ = self._dag.successors(self._index[nid])
         return sorted(s for s in succ if any(r.node == nid for r in nodes[s].inputs))
 
     def control_deps(self, nid: int) -> frozenset[int]:
@@ -372,10 +372,10 @@ class Graph:
 
     def predecessors(self, nid: int) -> list[int]:
         """Data and control predecessors: what must run before `nid`."""
-        return [self._dag[i] for i in self._dag.predecessor_indices(self._index[nid])]
+        return self._dag.predecessors(self._index[nid])  # the payloads are the node ids
 
     def successors(self, nid: int) -> list[int]:
-        return [self._dag[i] for i in self._dag.successor_indices(self._index[nid])]
+        return self._dag.successors(self._index[nid])
 
     def placeholders(self, kind: PlaceholderKind | None = None) -> list[int]:
         nodes = self._nodes  # the ids cached: F-Tree analysis asks for them per dominator tree
