@@ -58,6 +58,14 @@ class Searched:
     def states_per_second(self) -> float | None:
         return self.states_explored / self.seconds if self.seconds > 0 else None
 
+    @property
+    def exploring_states_per_second(self) -> float | None:
+        """States per second of the search without its final full re-ordering of the best
+        (`breakdown["polish"]`: 8 s of a 60 s search on a 49,000-node split graph), the
+        rate at which it evaluates states."""
+        exploring = self.seconds - self.breakdown.get("polish", 0.0)
+        return self.states_explored / exploring if exploring > 0 else None
+
 
 @dataclass(frozen=True)
 class Chosen:
@@ -80,6 +88,7 @@ CSV_FIELDS = (
     "states_explored",
     "seconds",
     "states_per_second",
+    "exploring_states_per_second",
     "reason",
     "baseline_method",
     "baseline_memory_ratio",
@@ -118,6 +127,7 @@ class ModelResult:
             "states_explored": s.states_explored if s else None,
             "seconds": s.seconds if s else None,
             "states_per_second": s.states_per_second if s else None,
+            "exploring_states_per_second": s.exploring_states_per_second if s else None,
             "breakdown": dict(s.breakdown) if s else {},
             "reason": s.reason if s else "",
             "baseline_method": b.method if b else None,

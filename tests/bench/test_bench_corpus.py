@@ -46,7 +46,11 @@ def test_json_has_every_model_and_constraint_with_the_fields(cli_run):
             assert r["states_explored"] <= 4 + 1  # the budget (the root state counts too)
             # the search's speed and where its time went (issue #16, item 3)
             assert r["states_per_second"] == pytest.approx(r["states_explored"] / r["seconds"])
-            assert set(r["breakdown"]) >= {"transform", "schedule", "simulate", "hash"}
+            assert set(r["breakdown"]) >= {"transform", "schedule", "simulate", "hash", "polish"}
+            exploring = r["seconds"] - r["breakdown"]["polish"]
+            assert r["exploring_states_per_second"] == pytest.approx(
+                r["states_explored"] / exploring
+            )
             assert all(v >= 0 for v in r["breakdown"].values())
             if r["satisfied"]:
                 assert r["memory_ratio"] > 0 and r["latency_ratio"] > 0
