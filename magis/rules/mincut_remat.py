@@ -360,7 +360,7 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
     re-materialization's child): offered only on a training step whose graph has no min-cut
     recomputations yet (once per line of states: the cut of a graph already cut recomputes
     nothing new, and its child would be a duplicate; a min-cut warm start counts as cut; the
-    search does not offer it on a local rewrite's child either, `Rule.once_per_line`), and,
+    search offers it along a line of local rewrites at doubling depths, `Rule.once_per_line`), and,
     under H2, only when the peak holds a value the cut may recompute. Both checks cost a scan
     of the graph. The cut itself is computed in `build`, which the search calls only when it
     evaluates the child; where it finds nothing to do, `build` gives the graph unchanged,

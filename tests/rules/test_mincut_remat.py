@@ -9,11 +9,11 @@ import torch
 from magis.backend import compile_program, measure, verify
 from magis.bench.fuzz import run_fuzz
 from magis.capture import capture, workload_step
-from magis.commands.optimize import find_plan, setup_search
 from magis.cost import get_cost_model
-from magis.rules import MINCUT_REMAT, REMAT, RuleContext, RuleKind
+from magis.rules import MINCUT_REMAT, REMAT, SWAP, RuleContext, RuleKind
 from magis.rules.mincut_remat import PENALTIES, TAG, min_cut
 from magis.schedule import schedule
+from magis.schedule.swaps import time_swaps
 from magis.search import Mode, Objective, SearchOptions, fission_moves, optimize_graph
 from magis.search.hashing import wl_hash, wl_hash_incremental
 from magis.search.optimizer import default_rules, initial_state
@@ -135,13 +135,16 @@ def test_not_offered_where_the_peak_holds_nothing_it_may_recompute():
         assert not rewrite.build().added
 
 
-def test_a_default_search_on_gpt2_takes_the_cut_after_other_moves_and_its_plan_verifies():
-    """With every default rule, the cut comes after de-re-materializations and swaps (a state
-    other rules made) and its plan runs as eager PyTorch does (float64)."""
+def test_the_cut_at_the_end_of_a_line_of_swaps_on_gpt2_matches_eager():
+    """The search offers the cut along a line of local rewrites at depths 1, 2, 4, ...
+    (`after_local_move`): on corpus:gpt2:tiny after four swaps it lowers the peak and runs as
+    eager PyTorch does (float64)."""
     tiny = workload_step("corpus:gpt2:tiny", float64_when_tiny=True)[1]
-    plan = find_plan(setup_search(tiny, lat_limit=1.10), max_states=40, seed=0, warm_start=False)
-    history = plan.summary.history
-    assert "min-cut-remat" in history and history.index("min-cut-remat") > 0
-    assert plan.summary.memory_ratio < 1.0
-    program = compile_program(plan.graph, list(plan.order))
-    assert verify(tiny, program, tiny.make_inputs()).verified
+    graph, order = tiny.graph, schedule(tiny.graph, "dp").order
+    for _ in range(4):
+        swaps = SWAP.match(_ctx(graph, order))
+        res = next(rw for rw in swaps if "like it" not in rw.description).build()
+        graph, order = res.graph, time_swaps(res.graph, order_without_solving(order, res), COST)
+    result, new_order, before, after = _apply(graph, order)
+    assert result.added and after.peak_bytes < before.peak_bytes
+    _check(tiny, result.graph, new_order)

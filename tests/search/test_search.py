@@ -463,11 +463,11 @@ def test_the_search_collects_garbage_at_its_own_pace_and_gives_the_callers_back(
     assert gc.get_freeze_count() == 0  # the caller's heap is not frozen
 
 
-def test_the_min_cut_is_offered_once_per_line_of_local_rewrites():
-    """A whole-graph rewrite (the min cut, 0.2 s on a split 7,000-node decoder) is not
-    offered again on a child of a recomputation, swap or their undo: its cut is much the
-    parent's, which the parent's pending moves still offer. After a structural move (a TASO
-    substitution, an F-Tree move) or on a search's start, it is offered."""
+def test_the_min_cut_is_offered_along_a_line_of_local_rewrites_at_doubling_depths():
+    """A whole-graph rewrite (the min cut, 0.2 s on a split 7,000-node decoder) is offered
+    on a line of recomputations, swaps or their undos only 1, 2, 4, 8, ... moves deep: a
+    child's cut is much its parent's. After a structural move (a TASO substitution, an F-Tree
+    move) or on a search's start, it is offered."""
     from magis.rules import RuleContext
     from magis.search import Evaluator, initial_state
     from magis.search.optimizer import default_rules
@@ -485,4 +485,7 @@ def test_the_min_cut_is_offered_once_per_line_of_local_rewrites():
     assert offers_the_cut(())
     assert offers_the_cut(("merge_matmul",)) and offers_the_cut(("fission:enable-direct",))
     for local in ("remat", "swap", "deremat", "deswap", "relax", "remat_to_swap"):
-        assert not offers_the_cut(("merge_matmul", local)), local
+        assert offers_the_cut(("merge_matmul", local)), local
+        assert not offers_the_cut(("merge_matmul", "remat", "swap", local)), local
+    assert offers_the_cut(("remat",) * 4) and offers_the_cut(("swap",) * 8)
+    assert not any(offers_the_cut(("remat",) * k) for k in (5, 6, 7, 9))
