@@ -16,6 +16,7 @@ Everything is drawn from one `numpy.random.Generator`; the same seed gives the s
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -354,3 +355,19 @@ _REWRITES: dict[RewriteKind, Callable[[Graph, _Picker], Rewrite | None]] = {
     RewriteKind.SPLIT: _split,
     RewriteKind.MERGE: _merge,
 }
+
+
+def random_topological_order(graph: Graph, rng: random.Random) -> list[int]:
+    """A valid order of `graph` drawn by Kahn's algorithm with a random ready node each step
+    (tests: orders a scheduler would not give)."""
+    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
+    ready = [n for n, d in indegree.items() if d == 0]
+    order = []
+    while ready:
+        n = ready.pop(rng.randrange(len(ready)))
+        order.append(n)
+        for s in graph.successors(n):
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                ready.append(s)
+    return order

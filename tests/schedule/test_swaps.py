@@ -2,7 +2,8 @@
 exactly where moving the copies one by one does (`time_swaps_by_moves`, the definition), on
 swapped graphs in many valid orders."""
 
-import numpy as np
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from magis.ir import Ref
 from magis.rules import SWAP, RuleContext
 from magis.rules.remat import LateReads
 from magis.rules.swap import swap
+from magis.schedule.random_graphs import random_topological_order
 from magis.schedule.swaps import time_swaps, time_swaps_by_moves
 from magis.search.reschedule import order_without_solving
 from magis.sim import simulate, tables
@@ -55,20 +57,6 @@ def _placed(order, res):
     return res.graph, time_swaps_by_moves(res.graph, order_without_solving(order, res), COST)
 
 
-def _random_topological(graph, rng: np.random.Generator) -> list[int]:
-    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
-    ready = [n for n, d in indegree.items() if d == 0]
-    order = []
-    while ready:
-        n = ready.pop(int(rng.integers(len(ready))))
-        order.append(n)
-        for s in graph.successors(n):
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                ready.append(s)
-    return order
-
-
 @pytest.mark.parametrize("cost", COSTS, ids=lambda c: type(c).__name__)
 def test_indexed_timing_equals_moving_copies_one_by_one_in_the_search_order(swapped, cost):
     graph, order = swapped
@@ -79,7 +67,7 @@ def test_indexed_timing_equals_moving_copies_one_by_one_in_the_search_order(swap
 @given(seed=st.integers(0, 2**32 - 1), which=st.sampled_from(range(len(COSTS))))
 def test_indexed_timing_equals_moving_copies_one_by_one_in_any_valid_order(swapped, seed, which):
     graph, _ = swapped
-    order = _random_topological(graph, np.random.default_rng(seed))
+    order = random_topological_order(graph, random.Random(seed))
     timed = time_swaps(graph, order, COSTS[which])
     assert timed == time_swaps_by_moves(graph, order, COSTS[which])
     assert sorted(timed) == sorted(order)

@@ -103,6 +103,7 @@ from magis.rules import (  # noqa: E402
     RuleContext,
     candidates,
 )
+from magis.schedule.random_graphs import random_topological_order  # noqa: E402
 from magis.schedule.swaps import time_swaps  # noqa: E402
 from magis.search.reschedule import reschedule  # noqa: E402
 from magis.sim import derive_facts, node_times, tables  # noqa: E402
@@ -201,20 +202,6 @@ def _makespan_node_by_node(graph, order, times, copies) -> float:
     return max(finish.values(), default=0.0)
 
 
-def _random_topological_order(graph, rng) -> list[int]:
-    indegree = {n: len(graph.predecessors(n)) for n in graph.nodes}
-    ready = [n for n, d in indegree.items() if d == 0]
-    order = []
-    while ready:
-        n = ready.pop(rng.randrange(len(ready)))
-        order.append(n)
-        for s in graph.successors(n):
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                ready.append(s)
-    return order
-
-
 def test_two_stream_makespan_equals_the_node_by_node_walk():
     """Swapped graphs (Store/Load on the copy stream), in the search's order and in random
     topological orders: the run-by-run makespan is the node-by-node one, to the last bit."""
@@ -229,7 +216,7 @@ def test_two_stream_makespan_equals_the_node_by_node_walk():
         swapped += 1
         times = cost.node_times(child)
         orders = [time_swaps(child, reschedule(parent, order, res, cost), cost)]
-        orders += [_random_topological_order(child, rng) for _ in range(3)]
+        orders += [random_topological_order(child, rng) for _ in range(3)]
         for o in orders:
             got = two_stream_makespan(child, np.asarray(o, dtype=np.int64), times, copies)
             assert got == _makespan_node_by_node(child, o, times, copies)
