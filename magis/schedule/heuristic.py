@@ -16,6 +16,7 @@ is deterministic.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,37 +37,65 @@ class ListResult:
 
 
 def greedy(seg: SegmentProblem, key: Key) -> ListResult:
-    """One greedy pass with `key` (see the module docstring)."""
-    done, live, peak = 0, seg.live_in, seg.live_in
-    ready = seg.ready0()
+    """One greedy pass with `key` (see the module docstring).
+
+    Its state is counts, not the DP's bitmasks: a storage is freed by its last reader to run
+    (`remaining` readers down to one), and a unit is ready when its last local predecessor ran.
+    On a segment of 23,000 units (a split decoder's backward, too large for the DP) every mask
+    operation cost a pass over 360 words."""
+    reads, remaining, nbytes = _freeable_reads(seg)
+    waiting = [0] * seg.m
+    for succ in seg.succ:
+        for j in succ:
+            waiting[j] += 1
+    ready = [i for i in range(seg.m) if not waiting[i]]  # ascending: ties to the lower index
+    live = peak = seg.live_in
     order = []
     while ready:
         choice = None
         best = None
-        bits = ready
-        while bits:
-            low = bits & -bits
-            i = low.bit_length() - 1
-            bits ^= low
-            freed = seg.freed(i, done)
+        for at, i in enumerate(ready):
+            freed = sum(nbytes[k] for k in reads[i] if remaining[k] == 1)
             growth = seg.kept[i] - freed
             step = live + seg.alloc[i]
             if growth <= 0 and step <= peak:
-                choice = (i, freed)
+                choice = (at, freed)
                 break
             k = key(growth, step, i)
             if best is None or k < best:
-                best, choice = k, (i, freed)
-        i, freed = choice
+                best, choice = k, (at, freed)
+        at, freed = choice
+        i = ready.pop(at)
         peak = max(peak, live + seg.alloc[i])
         live += seg.kept[i] - freed
-        done |= 1 << i
         order.append(i)
-        ready &= ~(1 << i)
+        for k in reads[i]:
+            remaining[k] -= 1
         for j in seg.succ[i]:
-            if not seg.pred_mask[j] & ~done:
-                ready |= 1 << j
+            waiting[j] -= 1
+            if not waiting[j]:
+                bisect.insort(ready, j)
     return ListResult(tuple(order), peak)
+
+
+def _freeable_reads(seg: SegmentProblem) -> tuple[list[list[int]], list[int], list[int]]:
+    """(storages each unit reads that the segment may free, readers left of each, bytes of
+    each): the storages of `seg.frees`, indexed once."""
+    reads: list[list[int]] = [[] for _ in range(seg.m)]
+    remaining: list[int] = []
+    nbytes: list[int] = []
+    for size, _, readers, escapes in seg.storages:
+        if escapes or not readers:
+            continue
+        k = len(nbytes)
+        nbytes.append(size)
+        remaining.append(readers.bit_count())
+        left = readers
+        while left:
+            low = left & -left
+            reads[low.bit_length() - 1].append(k)
+            left ^= low
+    return reads, remaining, nbytes
 
 
 def list_schedule(seg: SegmentProblem) -> ListResult:

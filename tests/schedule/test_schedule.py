@@ -284,11 +284,27 @@ def test_the_scheduler_places_a_weight_update_where_it_lowers_the_peak():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), ops=st.integers(1, 400), tau=st.integers(0, 40))
-def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau):
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    ops=st.integers(1, 400),
+    tau=st.integers(0, 40),
+    block=st.sampled_from([1, 5, 64, 1024]),
+)
+def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau, block):
     """The word-wise counts of `window_above` and `cut_segments` against nw's definition, on
-    random cores of random DAGs of up to 400 units (bitsets of several 64-bit words)."""
-    from magis.schedule.narrow_waist import bits, closure, cut_segments, window_above
+    random cores of random DAGs of up to 400 units (bitsets of several 64-bit words), counted
+    in row blocks of several sizes (a block reads only the words its rows' sets can hold)."""
+    from magis.schedule import narrow_waist
+
+    saved, narrow_waist.ROW_BLOCK = narrow_waist.ROW_BLOCK, block
+    try:
+        _check_core_counts(seed, ops, tau)
+    finally:
+        narrow_waist.ROW_BLOCK = saved
+
+
+def _check_core_counts(seed, ops, tau):
+    from magis.schedule.narrow_waist import bits, closure, core_nw, cut_segments, window_above
 
     rng = np.random.default_rng(seed)
     p = problem_of(random_dag(rng, ops, p_view=0.2, p_multi=0.1))
@@ -301,6 +317,9 @@ def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau):
         inside = (clo.anc[i] & core).bit_count() + (clo.des[i] & core).bit_count()
         return len(members) - inside - 1
 
+    assert core_nw(clo, core, np.asarray(members, dtype=np.int64)).tolist() == [
+        nw(i) for i in members
+    ]
     assert window_above(clo, core, tau) == sum(1 << i for i in members if nw(i) > tau)
     seg, cuts = cut_segments(clo, core)
     cut_bits = [i for i in members if nw(i) <= 1]
@@ -310,3 +329,43 @@ def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau):
         latest = max((j for j in cut_bits if clo.anc[i] >> j & 1), default=None)
         expect = rank[i] if i in rank else rank.get(latest, 0)
         assert seg[clo.units[i]] == expect
+
+
+def _greedy_by_masks(seg, key):
+    """List scheduling as the module docstring defines it, on the segment's bitmasks: a
+    storage is freed by a reader once its other readers (`frees` masks) have run."""
+    done, live, peak, order = 0, seg.live_in, seg.live_in, []
+    ready = [i for i in range(seg.m) if not seg.pred_mask[i]]
+    while ready:
+        scored = []
+        for i in sorted(ready):
+            freed = sum(b for mask, b in seg.frees[i] if not mask & ~done)
+            growth, step = seg.kept[i] - freed, live + seg.alloc[i]
+            if growth <= 0 and step <= peak:
+                scored = [((), i, freed)]
+                break
+            scored.append((key(growth, step, i), i, freed))
+        _, i, freed = min(scored)
+        peak, live = max(peak, live + seg.alloc[i]), live + seg.kept[i] - freed
+        done |= 1 << i
+        order.append(i)
+        ready = [j for j in range(seg.m) if not done >> j & 1 and not seg.pred_mask[j] & ~done]
+    return tuple(order), peak
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.integers(1, 120), updates=st.integers(0, 3))
+def test_list_scheduling_frees_what_the_masks_define_and_reports_its_peak(seed, ops, updates):
+    """The greedy's reader counts against the masks' definition, with both keys, on whole
+    random DAGs and on the segments of a split of them (storages that escape a segment)."""
+    from magis.schedule.heuristic import KEYS, greedy
+
+    rng = np.random.default_rng(seed)
+    p = problem_of(random_dag(rng, ops, n_updates=updates, p_view=0.2, p_multi=0.15))
+    cut = int(rng.integers(0, p.n + 1))
+    for seg in segment_problems(p, [list(range(cut)), list(range(cut, p.n))]):
+        for key in KEYS:
+            res = greedy(seg, key)
+            assert (res.order, res.peak) == _greedy_by_masks(seg, key)
+            assert sorted(res.order) == list(range(seg.m))
+            assert res.peak == seg.peak_of(res.order)
