@@ -30,20 +30,25 @@ KEYS: tuple[Key, ...] = (
 )
 
 
+# (storages each unit reads that the segment may free, readers left of each, bytes of each)
+Freeable = tuple[list[list[int]], list[int], list[int]]
+
+
 @dataclass(frozen=True)
 class ListResult:
     order: tuple[int, ...]  # local indices
     peak: int  # resident bytes excluded
 
 
-def greedy(seg: SegmentProblem, key: Key) -> ListResult:
+def greedy(seg: SegmentProblem, key: Key, freeable: Freeable | None = None) -> ListResult:
     """One greedy pass with `key` (see the module docstring).
 
     Its state is counts, not the DP's bitmasks: a storage is freed by its last reader to run
     (`remaining` readers down to one), and a unit is ready when its last local predecessor ran.
     On a segment of 23,000 units (a split decoder's backward, too large for the DP) every mask
     operation cost a pass over 360 words."""
-    reads, remaining, nbytes = _freeable_reads(seg)
+    reads, remaining, nbytes = freeable if freeable is not None else freeable_reads(seg)
+    remaining = list(remaining)
     waiting = [0] * seg.m
     for succ in seg.succ:
         for j in succ:
@@ -78,7 +83,7 @@ def greedy(seg: SegmentProblem, key: Key) -> ListResult:
     return ListResult(tuple(order), peak)
 
 
-def _freeable_reads(seg: SegmentProblem) -> tuple[list[list[int]], list[int], list[int]]:
+def freeable_reads(seg: SegmentProblem) -> Freeable:
     """(storages each unit reads that the segment may free, readers left of each, bytes of
     each): the storages of `seg.frees`, indexed once."""
     reads: list[list[int]] = [[] for _ in range(seg.m)]
@@ -103,5 +108,6 @@ def list_schedule(seg: SegmentProblem) -> ListResult:
     that a segment never gets worse than the order it came in."""
     identity = tuple(range(seg.m))
     candidates = [ListResult(identity, seg.peak_of(identity))]
-    candidates.extend(greedy(seg, key) for key in KEYS)
+    freeable = freeable_reads(seg)
+    candidates.extend(greedy(seg, key, freeable) for key in KEYS)
     return min(candidates, key=lambda r: r.peak)
