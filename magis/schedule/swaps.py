@@ -37,8 +37,7 @@ def time_swaps(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel
         p in copies and graph.node(p).op == STORE_OP for s in stores for p in graph.predecessors(s)
     ):
         return time_swaps_by_moves(graph, order, cost)
-    stored = _stores_after_producers(graph, order, stores)
-    return _loads_hidden(graph, stored, loads, node_times(graph, cost), cost)
+    return _placed_by_keys(graph, order, stores, loads, node_times(graph, cost), cost)
 
 
 def _copies(graph: Graph, order, copies) -> tuple[list[int], list[int]]:
@@ -48,25 +47,15 @@ def _copies(graph: Graph, order, copies) -> tuple[list[int], list[int]]:
     return stores, loads
 
 
-def _stores_after_producers(graph: Graph, order, stores: list[int]) -> list[int]:
-    # No Store depends on a Store, so the others keep their relative order while Stores move:
-    # each Store's latest predecessor is the same in the original order, and a Store moved
-    # later goes right after it, ahead of those moved there before.
+def _placed_by_keys(
+    graph: Graph, order, stores: list[int], loads: list[int], times, cost: CostModel
+) -> list[int]:
+    """The Stores, then each Load in turn, taken out and put back as `time_swaps_by_moves`
+    does, on position keys: a node of `order` keeps its index, a placed copy gets a key
+    between its new neighbours' keys, and the order is rebuilt once at the end."""
     pos = dict(zip(order, range(len(order)), strict=True))
-    placed = [
-        (max(pos[p] for p in graph.predecessors(s)) + 0.5, -turn, s)
-        for turn, s in enumerate(stores)
-    ]
-    return _rebuilt(list(order), [pos[s] for s in stores], placed)
-
-
-def _loads_hidden(graph: Graph, order: list[int], loads: list[int], times, cost) -> list[int]:
-    """Each Load in turn taken out and put back at its hidden position, as
-    `_hidden_position` walks the current order. Positions are keys: a node of `order` keeps
-    its index, a placed Load gets the midpoint of its new neighbours' keys."""
-    pos = dict(zip(order, range(len(order)), strict=True))
-    removed: set[int] = set()  # indices in `order` of the Loads taken out
-    keys: list[float] = []  # the placed Loads' keys, sorted, and the Loads
+    removed: set[int] = set()  # indices in `order` of the copies taken out
+    keys: list[float] = []  # the placed copies' keys, sorted, and the copies
     placed: list[int] = []
     key_of: dict[int, float] = {}
 
@@ -84,6 +73,21 @@ def _loads_hidden(graph: Graph, order: list[int], loads: list[int], times, cost)
             return keys[j], placed[j]
         return (i, order[i]) if i >= 0 else None
 
+    def place(n: int, k: float) -> None:
+        j = bisect.bisect_left(keys, k)
+        keys.insert(j, k)
+        placed.insert(j, n)
+        key_of[n] = k
+
+    # No Store depends on a Store, so each Store's latest predecessor is where it was in
+    # `order`; the Stores after one producer run latest-moved first (each went right after it).
+    after: dict[int, list[int]] = {}
+    for s in stores:
+        removed.add(pos[s])
+        after.setdefault(max(pos[p] for p in graph.predecessors(s)), []).append(s)
+    for producer, group in after.items():
+        for j, s in enumerate(reversed(group)):
+            place(s, producer + (j + 1) / (len(group) + 1))
     for ld in loads:
         removed.add(pos[ld])
         at = min(key(u) for u in graph.successors(ld))
@@ -97,11 +101,9 @@ def _loads_hidden(graph: Graph, order: list[int], loads: list[int], times, cost)
         k = ((prev[0] if prev is not None else at - 1) + at) / 2
         if not (prev is None or prev[0] < k) or not k < at:  # keys ran out of float precision
             return time_swaps_by_moves(graph, order, cost)
-        j = bisect.bisect_left(keys, k)
-        keys.insert(j, k)
-        placed.insert(j, ld)
-        key_of[ld] = k
-    return _rebuilt(order, list(removed), [(k, 0, n) for k, n in zip(keys, placed, strict=True)])
+        place(ld, k)
+    inserted = [(k, 0, n) for k, n in zip(keys, placed, strict=True)]
+    return _rebuilt(list(order), list(removed), inserted)
 
 
 def _rebuilt(order: list[int], removed: list[int], inserted: list[tuple]) -> list[int]:

@@ -12,7 +12,7 @@ best is re-ordered in full (`Evaluator.polish`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from magis.cost import CostModel
 from magis.ir import Graph
@@ -23,11 +23,16 @@ from magis.sim import tables
 
 
 def reschedule(
-    old: Graph, old_order: Sequence[int], result: Rewritten, cost: CostModel
+    old: Graph,
+    old_order: Sequence[int],
+    result: Rewritten,
+    cost: CostModel,
+    old_pos: Mapping[int, int] | None = None,
 ) -> list[int]:
     """The order of `result.graph`: the rule's hint when it holds, else Alg. 2 around the old
-    nodes the rewrite touched; then Store/Load timing (Store early, Load as late as hidden)."""
-    order = order_without_solving(old_order, result)
+    nodes the rewrite touched; then Store/Load timing (Store early, Load as late as hidden).
+    `old_pos`: the old order's positions, if known (the children of one state share them)."""
+    order = order_without_solving(old_order, result, old_pos)
     if order is None and _unplaced(result):
         # No place given (the TASO matmul merge and its dual): the old order kept where the
         # new dependencies allow. Alg. 2 took 0.13 s a child on a 1.1B decoder, 40% of a
@@ -55,21 +60,28 @@ def _touched_old_nodes(old: Graph, result: Rewritten) -> set[int]:
     return {n for n in touched if n in old}
 
 
-def order_without_solving(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
-    """The order the rewrite's own hint gives, or None when it has none or it is not valid."""
+def order_without_solving(
+    old_order: Sequence[int], result: Rewritten, old_pos: Mapping[int, int] | None = None
+) -> list[int] | None:
+    """The order the rewrite's own hint gives, or None when it has none or it is not valid.
+    `old_pos`: the old order's positions, if known."""
     if result.order is not None:
         order = list(result.order)
         return order if result.graph.is_valid_schedule(order) else None
+    if not (result.anchor is not None or result.placements or result.in_place_of):
+        if result.added:
+            return None
+        order = _without(old_order, result.removed)
+        # the old positions order what is left as the new order does: no new index needed
+        pos = _positions(old_order) if old_pos is None else old_pos
+        return order if _valid_around(result.graph, order, result.changed, pos) else None
+    pos = _positions(old_order) if old_pos is None else old_pos
     if result.anchor is not None:
-        return _place_at_anchors(old_order, result, ((result.anchor, sorted(result.added)),))
+        placements = ((result.anchor, sorted(result.added)),)
+        return _place_at_anchors(old_order, result, placements, pos)
     if result.placements:
-        return _place_at_anchors(old_order, result, result.placements)
-    if result.in_place_of:
-        return _place_in_place_of(old_order, result)
-    if result.added:
-        return None
-    order = _without(old_order, result.removed)
-    return order if _valid_around(result.graph, order, result.changed) else None
+        return _place_at_anchors(old_order, result, result.placements, pos)
+    return _place_in_place_of(old_order, result, pos)
 
 
 def _without(order: Sequence[int], removed: frozenset[int]) -> list[int]:
@@ -80,11 +92,31 @@ def _positions(order: Sequence[int]) -> dict[int, int]:
     return dict(zip(order, range(len(order)), strict=True))
 
 
+class _Keys:
+    """Position keys of an order made from another by insertions and removals: the old
+    order's indices, and for each inserted node a key between its new neighbours'. They
+    compare as the new order's indices would, without indexing the new order (2 ms on a
+    42,000-node split decoder, once per child)."""
+
+    __slots__ = ("_old", "_new")
+
+    def __init__(self, old: Mapping[int, int], new: dict[int, float]) -> None:
+        self._old, self._new = old, new
+
+    def __getitem__(self, nid: int) -> float:
+        k = self._new.get(nid)
+        return self._old[nid] if k is None else k
+
+    def __contains__(self, nid: int) -> bool:
+        return nid in self._new or nid in self._old
+
+
 def _valid_around(
-    graph: Graph, order: list[int], nodes: Iterable[int], pos: dict[int, int] | None = None
+    graph: Graph, order: list[int], nodes: Iterable[int], pos: Mapping[int, float] | None = None
 ) -> bool:
     """Whether `order` runs each of `nodes` after its predecessors and before its successors
-    (enough when only these nodes' edges changed); `pos` is the order's positions, if known."""
+    (enough when only these nodes' edges changed); `pos` is the order's positions, or keys
+    that compare as they do, if known."""
     pos = _positions(order) if pos is None else pos
     return all(
         all(pos[p] < pos[n] for p in graph.predecessors(n))
@@ -94,78 +126,84 @@ def _valid_around(
     )
 
 
-def _place_in_place_of(old_order: Sequence[int], result: Rewritten) -> list[int] | None:
+def _place_in_place_of(
+    old_order: Sequence[int], result: Rewritten, pos: Mapping[int, int]
+) -> list[int] | None:
     """The old order with each group of new nodes where the first of the nodes it replaces
-    ran (then `_defer_writers`); None when that order is not valid."""
-    pos = _positions(old_order)
+    ran (then `_defer_writers`); None when that order is not valid. `pos`: the old order's
+    positions."""
     spots = {min(olds, key=pos.__getitem__): list(news) for olds, news in result.in_place_of}
-    order = _inserted(old_order, spots, result.removed, pos)
-    return _deferred_if_valid(result.graph, order, result.added, result.touched)
+    order, keys = _inserted(old_order, spots, result.removed, pos)
+    return _deferred_if_valid(result.graph, order, result.added, result.touched, keys)
 
 
 def _place_at_anchors(
-    old_order: Sequence[int], result: Rewritten, placements: Iterable[tuple[int, Sequence[int]]]
+    old_order: Sequence[int],
+    result: Rewritten,
+    placements: Iterable[tuple[int, Sequence[int]]],
+    pos: Mapping[int, int],
 ) -> list[int] | None:
     """The old order with each group of added nodes right before its anchor (then
-    `_defer_writers`); None when that order is not valid."""
+    `_defer_writers`); None when that order is not valid. `pos`: the old order's positions."""
     before: dict[int, list[int]] = {}
     for anchor, nodes in placements:
         before.setdefault(anchor, []).extend(nodes)
-    order = _inserted(old_order, before, result.removed)
+    order, keys = _inserted(old_order, before, result.removed, pos)
     added = sorted(result.added)
-    return _deferred_if_valid(result.graph, order, added, added)
+    return _deferred_if_valid(result.graph, order, added, added, keys)
 
 
 def _inserted(
-    old_order: Sequence[int],
-    before: dict[int, list[int]],
-    removed,
-    pos: dict[int, int] | None = None,
-) -> list[int]:
-    """The old order without `removed`, with `before[n]` inserted right before each n; `pos`
-    is the old order's positions, if known. Copied in slices between the few places that
-    change (a loop over a split decoder's 49,000 steps took 15 ms per child)."""
-    pos = _positions(old_order) if pos is None else pos
+    old_order: Sequence[int], before: dict[int, list[int]], removed, pos: Mapping[int, int]
+) -> tuple[list[int], _Keys]:
+    """The old order without `removed`, with `before[n]` inserted right before each n, and
+    its position keys; `pos` is the old order's positions. Copied in slices between the few
+    places that change (a loop over a split decoder's 49,000 steps took 15 ms per child)."""
     cuts = sorted({pos[n] for n in before if n in pos} | {pos[n] for n in removed if n in pos})
     order: list[int] = []
+    keys: dict[int, float] = {}
     start = 0
     for at in cuts:
         order.extend(old_order[start:at])
         n = old_order[at]
-        order.extend(before.get(n, ()))
+        inserted = before.get(n, ())
+        order.extend(inserted)
+        for k, m in enumerate(inserted):  # between the old index at - 1 and at
+            keys[m] = at - 1 + (k + 1) / (len(inserted) + 1)
         if n not in removed:
             order.append(n)
         start = at + 1
     order.extend(old_order[start:])
-    return order
+    return order, _Keys(pos, keys)
 
 
-def _deferred_if_valid(graph: Graph, order: list[int], added, check) -> list[int] | None:
-    """`order` after `_defer_writers`, if it is valid around `check` and the nodes moved."""
-    pos = _positions(order)
-    order, moved = _defer_writers(graph, order, added, pos)
-    if moved:
-        pos = _positions(order)
+def _deferred_if_valid(
+    graph: Graph, order: list[int], added, check, keys: Mapping[int, float]
+) -> list[int] | None:
+    """`order` after `_defer_writers`, if it is valid around `check` and the nodes moved;
+    `keys`: the order's position keys."""
+    order, moved = _defer_writers(graph, order, added, keys)
+    pos = _positions(order) if moved else keys
     return order if _valid_around(graph, order, [*check, *moved], pos) else None
 
 
 def _defer_writers(
-    graph: Graph, order: list[int], added, pos: dict[int, int]
+    graph: Graph, order: list[int], added, pos: Mapping[int, float]
 ) -> tuple[list[int], list[int]]:
     """`order` with each node that must follow an added node but runs before it moved to
     right after the last such added node, and the nodes moved. These are in-place updates: a
     recomputed op, or a convolution by a weight's slice, reads the weight, and the scheduler
-    had put the weight's update right after its gradient. `pos`: the order's positions."""
-    after: dict[int, int] = {}
+    had put the weight's update right after its gradient. `pos`: the order's position keys."""
+    after: dict[int, int] = {}  # node -> the last added node it must follow
     for a in added:
         for s in graph.successors(a):
-            if pos[s] < pos[a]:
-                after[s] = max(after.get(s, -1), pos[a])
+            if pos[s] < pos[a] and (s not in after or pos[after[s]] < pos[a]):
+                after[s] = a
     if not after:
         return order, []
     follow: dict[int, list[int]] = {}
     for s in sorted(after, key=pos.__getitem__):
-        follow.setdefault(order[after[s]], []).append(s)
+        follow.setdefault(after[s], []).append(s)
     out = []
     for n in order:
         if n not in after:
