@@ -151,9 +151,14 @@ def wl_hash_incremental(
     and the sum is updated by the labels that changed (modulo 2^64, as `wl_hash` sums)."""
     removed = set(removed)
     touched = set(touched)
-    # Edges that disappeared are only visible in the old graph: a changed node's former inputs
-    # lost a user, a removed node's neighbours lost an input or a user.
-    dirty = {n for n in _neighbours(old_graph, touched | removed) | touched if n in graph}
+    # The nodes whose edges changed: the touched ones and their neighbours before and after
+    # (a changed node's former inputs lost a user, a new node's inputs gained one), and a
+    # removed node's former neighbours.
+    dirty = {
+        n
+        for n in _neighbours(old_graph, touched | removed) | _neighbours(graph, touched) | touched
+        if n in graph
+    }
     gone: dict[int, int | None] = dict.fromkeys(removed)
     # A level-0 label is the node's own: only nodes that are not the parent's Node objects
     # get a new one (the others are dirty for their edges, from level 1 on).
@@ -163,13 +168,17 @@ def wl_hash_incremental(
         if n not in old_graph or graph.node(n) is not old_graph.node(n)
     }
     labels = [old.labels[0].updated({**gone, **relabel})]
-    frontier = ring = dirty
+    # A level-i label changes only where the edges changed or a level-(i-1) label in reach
+    # changed: level 1 is redone on the dirty nodes and the relabelled ones' neighbours (those
+    # of touched nodes are dirty already), and each further level one ring wider (the last
+    # ring of level i-1 adds its neighbours).
+    frontier = dirty | _neighbours(graph, relabel.keys() - touched)
+    ring = frontier - set(relabel)
     for level in range(1, LEVELS + 1):
-        # The frontier only grows (a node is its own neighbour): the neighbours of the nodes
-        # it had before are in it already, so only the last ring's are looked up.
-        grown = {n for n in _neighbours(graph, ring) | _neighbours(old_graph, ring) if n in graph}
-        ring = grown - frontier
-        frontier = frontier | grown
+        if level > 1:
+            grown = _neighbours(graph, ring)
+            ring = grown - frontier
+            frontier = frontier | grown
         prev = labels[-1]
         changes = {n: _level_up(graph, prev, n) for n in frontier}
         labels.append(old.labels[level].updated({**gone, **changes}))
