@@ -374,23 +374,26 @@ class DuplicateScan:
         self.same = same
         self._groups: dict = {}  # (op, first input) -> nodes without a key yet, or _PENDING
         self._first: dict = {}  # key -> the first node with it
+        self._nodes = graph.nodes  # read once per node of a 40,000-node scan
 
     def first_alike(self, nid: int, eligible: Callable[[Graph, int], bool]) -> int:
         """The first node given so far (`nid` included) that computes what `nid` does;
         `nid` itself when it is the first, has no key, or is not `eligible`."""
-        graph, same = self.graph, self.same
-        node = graph.node(nid)
+        same = self.same
+        node = self._nodes[nid]
         head = node.inputs[0] if node.inputs else None
         if same and head is not None:
             head = same.get(head, head)
-        group = self._groups.setdefault((node.op, head), [])
+        # ints, not the Ref: a dataclass hashes in Python, and this runs on every node
+        group_key = (node.op, -1, 0) if head is None else (node.op, head.node, head.index)
+        group = self._groups.setdefault(group_key, [])
         if group is not _PENDING:
             if not group:  # alone so far: nothing earlier can compute the same
                 group.append(nid)
                 return nid
             for m in group:
                 self._keyed(m, eligible)
-            self._groups[(node.op, head)] = _PENDING
+            self._groups[group_key] = _PENDING
         return self._keyed(nid, eligible)
 
     def _keyed(self, nid: int, eligible: Callable[[Graph, int], bool]) -> int:

@@ -78,6 +78,9 @@ class SearchStats:
     )
 
 
+POSITIONS_KEPT = 4  # parent orders whose positions an evaluator keeps
+
+
 @dataclass
 class Evaluator:
     cost: CostModel
@@ -86,15 +89,24 @@ class Evaluator:
     seen: set[int] = field(default_factory=set)  # hashes of every graph evaluated
     seen_trees: set = field(default_factory=set)  # F-Trees already materialized
     checker: MetaChecker = field(default_factory=MetaChecker)
-    # The positions of the last parent order rescheduled from: a state's children are built
-    # one after another, and indexing a 42,000-step order costs 2 ms.
-    _positions: tuple[tuple[int, ...], dict[int, int]] | None = field(default=None, repr=False)
+    # The positions of the last few parent orders rescheduled from: a state's children are
+    # built one after another (a worker may interleave a few states), and indexing a
+    # 42,000-step order costs 2 ms.
+    _positions: list[tuple[tuple[int, ...], dict[int, int]]] = field(
+        default_factory=list, repr=False
+    )
 
     def positions(self, order: tuple[int, ...]) -> dict[int, int]:
-        """`order`'s node -> index, kept while the same order is asked for again."""
-        if self._positions is None or self._positions[0] is not order:
-            self._positions = (order, dict(zip(order, range(len(order)), strict=True)))
-        return self._positions[1]
+        """`order`'s node -> index, kept for the POSITIONS_KEPT orders asked for last."""
+        for k, (known, pos) in enumerate(self._positions):
+            if known is order:
+                if k:
+                    self._positions.insert(0, self._positions.pop(k))
+                return pos
+        pos = dict(zip(order, range(len(order)), strict=True))
+        self._positions.insert(0, (order, pos))
+        del self._positions[POSITIONS_KEPT:]
+        return pos
 
     def timed(self, part: str, fn: Callable, *args):
         start = time.perf_counter()
