@@ -10,6 +10,7 @@ from magis.ir.graph import (
     Ref,
     StorageMap,
     derive_storages,
+    positions,
 )
 from magis.ir.ops import DEFAULT_REGISTRY, OpInfo, OpRegistry
 from magis.ir.tensor import TensorMeta
@@ -28,4 +29,5 @@ __all__ = [
     "StorageMap",
     "TensorMeta",
     "derive_storages",
+    "positions",
 ]

@@ -13,7 +13,7 @@ code outside this module resets it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -59,6 +59,11 @@ _TOPO: DerivedKey[list[int]] = DerivedKey("ir.topological_order")
 _COPY_NODES: DerivedKey[frozenset[int]] = DerivedKey("ir.copy_nodes")
 _STORAGES: DerivedKey[StorageMap] = DerivedKey("ir.storages")
 _PLACEHOLDERS: DerivedKey[list[int]] = DerivedKey("ir.placeholders")
+
+
+def positions(order: Sequence[int]) -> dict[int, int]:
+    """Each node of a schedule -> its index in it."""
+    return dict(zip(order, range(len(order)), strict=True))
 
 
 class GraphError(ValueError):
@@ -472,7 +477,7 @@ class Graph:
         """True when `order` runs every node exactly once, after all its predecessors."""
         if len(order) != len(self._nodes) or set(order) != set(self._nodes):
             return False
-        pos = {nid: i for i, nid in enumerate(order)}
+        pos = positions(order)
         return all(pos[p] < pos[nid] for nid in order for p in self.predecessors(nid))
 
     def summary(self) -> dict[str, int]:

@@ -21,7 +21,7 @@ import bisect
 import math
 
 from magis.cost import CostModel
-from magis.ir import Graph
+from magis.ir import Graph, positions
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.sim import node_times, tables
 
@@ -53,7 +53,7 @@ def _placed_by_keys(
     """The Stores, then each Load in turn, taken out and put back as `time_swaps_by_moves`
     does, on position keys: a node of `order` keeps its index, a placed copy gets a key
     between its new neighbours' keys, and the order is rebuilt once at the end."""
-    pos = dict(zip(order, range(len(order)), strict=True))
+    pos = positions(order)
     removed: set[int] = set()  # indices in `order` of the copies taken out
     keys: list[float] = []  # the placed copies' keys, sorted, and the copies
     placed: list[int] = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from magis.backend.meta_check import MetaChecker, MetaReport
 from magis.cost import CostModel
 from magis.errors import MagisError, MagisWarning
-from magis.ir import Graph
+from magis.ir import Graph, positions
 from magis.rules import (
     Rewrite,
     Rewritten,
@@ -103,7 +103,7 @@ class Evaluator:
                 if k:
                     self._positions.insert(0, self._positions.pop(k))
                 return pos
-        pos = dict(zip(order, range(len(order)), strict=True))
+        pos = positions(order)
         self._positions.insert(0, (order, pos))
         del self._positions[POSITIONS_KEPT:]
         return pos

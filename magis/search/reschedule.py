@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from magis.cost import CostModel
-from magis.ir import Graph
+from magis.ir import Graph, positions
 from magis.rules import Rewritten, stable_topological_order
 from magis.schedule import incremental_schedule
 from magis.schedule.swaps import time_swaps
@@ -68,14 +68,14 @@ def order_without_solving(
     if result.order is not None:
         order = list(result.order)
         return order if result.graph.is_valid_schedule(order) else None
-    if not (result.anchor is not None or result.placements or result.in_place_of):
-        if result.added:
-            return None
+    hinted = result.anchor is not None or result.placements or result.in_place_of
+    if result.added and not hinted:
+        return None
+    pos = positions(old_order) if old_pos is None else old_pos
+    if not hinted:
         order = _without(old_order, result.removed)
         # the old positions order what is left as the new order does: no new index needed
-        pos = _positions(old_order) if old_pos is None else old_pos
         return order if _valid_around(result.graph, order, result.changed, pos) else None
-    pos = _positions(old_order) if old_pos is None else old_pos
     if result.anchor is not None:
         placements = ((result.anchor, sorted(result.added)),)
         return _place_at_anchors(old_order, result, placements, pos)
@@ -86,10 +86,6 @@ def order_without_solving(
 
 def _without(order: Sequence[int], removed: frozenset[int]) -> list[int]:
     return [n for n in order if n not in removed] if removed else list(order)
-
-
-def _positions(order: Sequence[int]) -> dict[int, int]:
-    return dict(zip(order, range(len(order)), strict=True))
 
 
 class _Keys:
@@ -117,7 +113,7 @@ def _valid_around(
     """Whether `order` runs each of `nodes` after its predecessors and before its successors
     (enough when only these nodes' edges changed); `pos` is the order's positions, or keys
     that compare as they do, if known."""
-    pos = _positions(order) if pos is None else pos
+    pos = positions(order) if pos is None else pos
     return all(
         all(pos[p] < pos[n] for p in graph.predecessors(n))
         and all(pos[x] > pos[n] for x in graph.successors(n))
@@ -183,7 +179,7 @@ def _deferred_if_valid(
     """`order` after `_defer_writers`, if it is valid around `check` and the nodes moved;
     `keys`: the order's position keys."""
     order, moved = _defer_writers(graph, order, added, keys)
-    pos = _positions(order) if moved else keys
+    pos = positions(order) if moved else keys
     return order if _valid_around(graph, order, [*check, *moved], pos) else None
 
 
