@@ -43,7 +43,7 @@ import numpy as np
 import rustworkx as rx
 
 from magis.analyze.forward_backward import forward_backward
-from magis.ir import DerivedKey, Graph, PlaceholderKind
+from magis.ir import DerivedKey, Graph, PlaceholderKind, positions
 from magis.rules.base import (
     Rewrite,
     Rewritten,
@@ -103,7 +103,7 @@ def _sides(
     forward, backward, aliases = forward_backward(graph, order)
     if not forward or not backward:
         return None
-    pos = {n: i for i, n in enumerate(graph.program_order() if order is None else order)}
+    pos = positions(graph.program_order() if order is None else order)
     loss_at = pos[_loss(graph)]
     early = tuple(n for n in sorted(backward, key=pos.__getitem__) if pos[n] < loss_at)
     backward = backward - frozenset(early)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 
 from magis.cost import CostModel
 from magis.ir import Graph, positions
@@ -26,9 +27,15 @@ from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.sim import node_times, tables
 
 
-def time_swaps(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel) -> list[int]:
+def time_swaps(
+    graph: Graph,
+    order: list[int] | tuple[int, ...],
+    cost: CostModel,
+    pos: Mapping[int, int] | None = None,
+) -> list[int]:
     """`order` with every Store right after its producer and every Load placed by
-    `_hidden_position`, each copy in turn in program order (Stores first)."""
+    `_hidden_position`, each copy in turn in program order (Stores first). `pos`: the
+    order's positions, if known (read for the copies and their neighbours only)."""
     copies = tables(graph).copy_nodes
     if not copies:
         return list(order)
@@ -37,7 +44,8 @@ def time_swaps(graph: Graph, order: list[int] | tuple[int, ...], cost: CostModel
         p in copies and graph.node(p).op == STORE_OP for s in stores for p in graph.predecessors(s)
     ):
         return time_swaps_by_moves(graph, order, cost)
-    return _placed_by_keys(graph, order, stores, loads, node_times(graph, cost), cost)
+    times = node_times(graph, cost)
+    return _placed_by_keys(graph, order, stores, loads, times, cost, pos)
 
 
 def _copies(graph: Graph, order, copies) -> tuple[list[int], list[int]]:
@@ -48,12 +56,19 @@ def _copies(graph: Graph, order, copies) -> tuple[list[int], list[int]]:
 
 
 def _placed_by_keys(
-    graph: Graph, order, stores: list[int], loads: list[int], times, cost: CostModel
+    graph: Graph,
+    order,
+    stores: list[int],
+    loads: list[int],
+    times,
+    cost: CostModel,
+    pos: Mapping[int, int] | None = None,
 ) -> list[int]:
     """The Stores, then each Load in turn, taken out and put back as `time_swaps_by_moves`
     does, on position keys: a node of `order` keeps its index, a placed copy gets a key
-    between its new neighbours' keys, and the order is rebuilt once at the end."""
-    pos = positions(order)
+    between its new neighbours' keys, and the order is rebuilt once at the end. `pos`:
+    `order`'s positions, if known."""
+    pos = positions(order) if pos is None else pos
     removed: set[int] = set()  # indices in `order` of the copies taken out
     keys: list[float] = []  # the placed copies' keys, sorted, and the copies
     placed: list[int] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from magis.ir import DerivedKey, Graph
@@ -72,6 +72,12 @@ class Labels:
         if nid in delta:
             return delta[nid] is not None
         return nid in self._flat
+
+    def readable(self) -> Mapping[int, int]:
+        """A mapping to read the labels from: the shared dict itself when this version has no
+        changes of its own (a fission child refolds them: its level-ups then read a plain
+        dict, not this class's `__getitem__`)."""
+        return self if self._delta else self._flat
 
     def updated(self, changes: dict[int, int | None]) -> Labels:
         """These labels with `changes` applied (None removes a node)."""
@@ -179,7 +185,7 @@ def wl_hash_incremental(
             grown = _neighbours(graph, ring)
             ring = grown - frontier
             frontier = frontier | grown
-        prev = labels[-1]
+        prev = labels[-1].readable()
         changes = {n: _level_up(graph, prev, n) for n in frontier}
         labels.append(old.labels[level].updated({**gone, **changes}))
     last = old.labels[-1]

@@ -12,6 +12,8 @@ best is re-ordered in full (`Evaluator.polish`).
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from magis.cost import CostModel
@@ -32,7 +34,8 @@ def reschedule(
     """The order of `result.graph`: the rule's hint when it holds, else Alg. 2 around the old
     nodes the rewrite touched; then Store/Load timing (Store early, Load as late as hidden).
     `old_pos`: the old order's positions, if known (the children of one state share them)."""
-    order = order_without_solving(old_order, result, old_pos)
+    hinted = hinted_order(old_order, result, old_pos)
+    order, pos = hinted if hinted is not None else (None, None)
     if order is None and _unplaced(result):
         # No place given (the TASO matmul merge and its dual): the old order kept where the
         # new dependencies allow. Alg. 2 took 0.13 s a child on a 1.1B decoder, 40% of a
@@ -42,7 +45,7 @@ def reschedule(
         touched = _touched_old_nodes(old, result)
         order = list(incremental_schedule(old, tuple(old_order), result.graph, touched).order)
     if tables(result.graph).copy_nodes:
-        order = time_swaps(result.graph, order, cost)
+        order = time_swaps(result.graph, order, cost, pos)
     return order
 
 
@@ -65,9 +68,18 @@ def order_without_solving(
 ) -> list[int] | None:
     """The order the rewrite's own hint gives, or None when it has none or it is not valid.
     `old_pos`: the old order's positions, if known."""
+    hinted = hinted_order(old_order, result, old_pos)
+    return None if hinted is None else hinted[0]
+
+
+def hinted_order(
+    old_order: Sequence[int], result: Rewritten, old_pos: Mapping[int, int] | None = None
+) -> tuple[list[int], Mapping[int, int] | None] | None:
+    """`order_without_solving`, with the new order's positions where they come without
+    indexing it (from the old order's, `_Keys.rank`), else None beside the order."""
     if result.order is not None:
         order = list(result.order)
-        return order if result.graph.is_valid_schedule(order) else None
+        return (order, None) if result.graph.is_valid_schedule(order) else None
     hinted = result.anchor is not None or result.placements or result.in_place_of
     if result.added and not hinted:
         return None
@@ -75,7 +87,9 @@ def order_without_solving(
     if not hinted:
         order = _without(old_order, result.removed)
         # the old positions order what is left as the new order does: no new index needed
-        return order if _valid_around(result.graph, order, result.changed, pos) else None
+        if not _valid_around(result.graph, order, result.changed, pos):
+            return None
+        return order, _Ranks(_Keys(pos, {}, [pos[n] for n in result.removed if n in pos]))
     if result.anchor is not None:
         placements = ((result.anchor, sorted(result.added)),)
         return _place_at_anchors(old_order, result, placements, pos)
@@ -92,12 +106,14 @@ class _Keys:
     """Position keys of an order made from another by insertions and removals: the old
     order's indices, and for each inserted node a key between its new neighbours'. They
     compare as the new order's indices would, without indexing the new order (2 ms on a
-    42,000-node split decoder, once per child)."""
+    42,000-node split decoder, once per child); `rank` is that index."""
 
-    __slots__ = ("_old", "_new")
+    __slots__ = ("_old", "_new", "_removed", "_inserted")
 
-    def __init__(self, old: Mapping[int, int], new: dict[int, float]) -> None:
+    def __init__(self, old: Mapping[int, int], new: dict[int, float], removed: list[int]) -> None:
         self._old, self._new = old, new
+        self._removed = sorted(removed)  # the old indices of the nodes taken out
+        self._inserted: list[float] | None = None  # the inserted keys, sorted when first asked
 
     def __getitem__(self, nid: int) -> float:
         k = self._new.get(nid)
@@ -105,6 +121,33 @@ class _Keys:
 
     def __contains__(self, nid: int) -> bool:
         return nid in self._new or nid in self._old
+
+    def rank(self, nid: int) -> int:
+        """`nid`'s index in the new order: the old indices below its key, less those taken
+        out, plus the inserted keys below it."""
+        if self._inserted is None:
+            self._inserted = sorted(self._new.values())
+        k = self[nid]
+        below = math.ceil(k) - bisect.bisect_left(self._removed, k)
+        return below + bisect.bisect_left(self._inserted, k)
+
+
+class _Ranks(Mapping):
+    """The new order's positions, as `_Keys.rank` gives them (Store/Load timing reads a few)."""
+
+    def __init__(self, keys: _Keys) -> None:
+        self._keys = keys
+
+    def __getitem__(self, nid: int) -> int:
+        if nid not in self._keys:
+            raise KeyError(nid)
+        return self._keys.rank(nid)
+
+    def __iter__(self):
+        raise TypeError("the positions of an order made by insertions are read one by one")
+
+    def __len__(self) -> int:
+        raise TypeError("the positions of an order made by insertions are read one by one")
 
 
 def _valid_around(
@@ -124,7 +167,7 @@ def _valid_around(
 
 def _place_in_place_of(
     old_order: Sequence[int], result: Rewritten, pos: Mapping[int, int]
-) -> list[int] | None:
+) -> tuple[list[int], Mapping[int, int]] | None:
     """The old order with each group of new nodes where the first of the nodes it replaces
     ran (then `_defer_writers`); None when that order is not valid. `pos`: the old order's
     positions."""
@@ -138,7 +181,7 @@ def _place_at_anchors(
     result: Rewritten,
     placements: Iterable[tuple[int, Sequence[int]]],
     pos: Mapping[int, int],
-) -> list[int] | None:
+) -> tuple[list[int], Mapping[int, int]] | None:
     """The old order with each group of added nodes right before its anchor (then
     `_defer_writers`); None when that order is not valid. `pos`: the old order's positions."""
     before: dict[int, list[int]] = {}
@@ -170,17 +213,19 @@ def _inserted(
             order.append(n)
         start = at + 1
     order.extend(old_order[start:])
-    return order, _Keys(pos, keys)
+    return order, _Keys(pos, keys, [pos[n] for n in removed if n in pos])
 
 
 def _deferred_if_valid(
-    graph: Graph, order: list[int], added, check, keys: Mapping[int, float]
-) -> list[int] | None:
-    """`order` after `_defer_writers`, if it is valid around `check` and the nodes moved;
-    `keys`: the order's position keys."""
+    graph: Graph, order: list[int], added, check, keys: _Keys
+) -> tuple[list[int], Mapping[int, int]] | None:
+    """`order` after `_defer_writers`, if it is valid around `check` and the nodes moved,
+    with its positions; `keys`: the order's position keys."""
     order, moved = _defer_writers(graph, order, added, keys)
-    pos = positions(order) if moved else keys
-    return order if _valid_around(graph, order, [*check, *moved], pos) else None
+    if moved:
+        pos = positions(order)
+        return (order, pos) if _valid_around(graph, order, [*check, *moved], pos) else None
+    return (order, _Ranks(keys)) if _valid_around(graph, order, check, keys) else None
 
 
 def _defer_writers(

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from magis.capture import workload_step
 from magis.cost import UnitCostModel, get_cost_model
-from magis.ir import Ref
-from magis.rules import SWAP, RuleContext
+from magis.ir import Ref, positions
+from magis.rules import DEREMAT, DESWAP, REMAT, REMAT_TO_SWAP, SWAP, RuleContext
 from magis.rules.remat import LateReads
 from magis.rules.swap import swap
 from magis.schedule.random_graphs import random_topological_order
 from magis.schedule.swaps import time_swaps, time_swaps_by_moves
-from magis.search.reschedule import order_without_solving
+from magis.search.reschedule import hinted_order, order_without_solving
 from magis.sim import simulate, tables
 
 COST = get_cost_model("rtx3090")
@@ -71,3 +71,26 @@ def test_indexed_timing_equals_moving_copies_one_by_one_in_any_valid_order(swapp
     timed = time_swaps(graph, order, COSTS[which])
     assert timed == time_swaps_by_moves(graph, order, COSTS[which])
     assert sorted(timed) == sorted(order)
+
+
+def test_a_childs_positions_from_its_parents_are_its_indices_and_time_its_copies_alike(swapped):
+    """`hinted_order` gives a child's positions without indexing its order (the parent's
+    indices, less the nodes taken out, plus the nodes put in below, `_Keys.rank`): they are
+    the child's indices, and Store/Load timing on them places every copy as on the index."""
+    graph, order = swapped
+    ctx = RuleContext(graph, tuple(order), simulate(graph, order, COST), cost=COST)
+    ranked = 0
+    for rule in (SWAP, DESWAP, REMAT, DEREMAT, REMAT_TO_SWAP):
+        for rewrite in list(rule.match(ctx))[:6]:
+            res = rewrite.build()
+            hinted = hinted_order(order, res, positions(order))
+            if hinted is None or hinted[1] is None:
+                continue
+            new_order, pos = hinted
+            exact = positions(new_order)
+            assert all(pos[n] == i for n, i in exact.items()), rewrite.description
+            if tables(res.graph).copy_nodes:
+                timed = time_swaps(res.graph, new_order, COST, pos)
+                assert timed == time_swaps(res.graph, new_order, COST)
+            ranked += 1
+    assert ranked >= 12
