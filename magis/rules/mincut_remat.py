@@ -80,11 +80,12 @@ def _bytes(graph: Graph, nid: int) -> int:
     return sum(m.nbytes for m in graph.node(nid).outputs)
 
 
-def _traffic(graph: Graph, nid: int) -> int:
-    """Bytes a recomputation of `nid` reads and writes (none for a view)."""
+def _traffic(graph: Graph, nid: int, written: int) -> int:
+    """Bytes a recomputation of `nid` reads and writes (`written`: its outputs'; none for a
+    view)."""
     if graph.info(nid).is_view:
         return 0
-    return _bytes(graph, nid) + sum(graph.meta(r).nbytes for r in graph.node(nid).inputs)
+    return written + sum(graph.meta(r).nbytes for r in graph.node(nid).inputs)
 
 
 @dataclass(frozen=True)
@@ -166,47 +167,48 @@ class _Network:
 
 
 def _network(graph: Graph, sides: _Sides) -> _Network:
-    fwd, backward = sides.fwd, sides.backward
-    fwd_set = set(fwd)
-    index: dict[int, int] = {}
-    for n in (*sides.inputs, *fwd):
-        index[n] = 2 + 2 * len(index)
-    base = 2 + 2 * len(index)
-    for k, n in enumerate(sorted(backward)):
-        index[n] = base + k
-    source, sink = 0, 1
-    tails, heads, caps = [], [], []
-
-    def arc(u: int, v: int, c: int) -> None:
-        tails.append(u)
-        heads.append(v)
-        caps.append(c)
-
-    for p in sides.inputs:
-        arc(source, index[p], _INFINITE)
-        arc(index[p], index[p] + 1, 0)  # resident: saving it costs nothing
-    forward_bytes = 0
-    for n in fwd:
-        size = _bytes(graph, n)
-        forward_bytes += size
-        arc(index[n], index[n] + 1, size)
-        if n in sides.banned:
-            arc(source, index[n], _INFINITE)
-    for n in backward:
-        arc(index[n], sink, _INFINITE)
-    for u in (*sides.inputs, *fwd):
-        for v in graph.users(u):
-            if v in fwd_set or v in backward:
-                arc(index[u] + 1, index[v], _INFINITE)
+    """The arcs as arrays: a 42,000-node split decoder has 100,000 of them, and one Python call
+    per arc cost 0.15 s per cut."""
+    fwd, backward = sides.fwd, sorted(sides.backward)
+    heads = [*sides.inputs, *fwd]  # the nodes with an in- and an out-vertex
+    vertex = np.full(graph.next_id, -1, dtype=np.int64)  # node -> its (in-)vertex
+    vertex[heads] = 2 + 2 * np.arange(len(heads))
+    vertex[backward] = 2 + 2 * len(heads) + np.arange(len(backward))
+    index = dict(zip(heads + backward, vertex[heads + backward].tolist(), strict=True))
+    sink = 1  # the source is vertex 0
+    inputs_in = vertex[sides.inputs]
+    fwd_in = vertex[fwd]
+    size_of = {n: _bytes(graph, n) for n in fwd}
+    sizes = np.fromiter(size_of.values(), dtype=np.int64, count=len(fwd))
+    banned_in = vertex[[n for n in fwd if n in sides.banned]]
+    back_in = vertex[backward]
+    # data edges u -> v with u on the forward side (an input or a forward node) and v a
+    # forward or backward node, each once (a node may read one value twice)
+    nodes = graph.nodes
+    bound = graph.next_id
+    edges = np.unique(
+        np.array([r.node * bound + v for v in (*fwd, *backward) for r in nodes[v].inputs], np.int64)
+    )
+    tail_in = vertex[edges // bound]
+    from_forward = (tail_in >= 0) & (tail_in < 2 + 2 * len(heads))
+    edge_tails, edge_heads = tail_in[from_forward] + 1, vertex[edges[from_forward] % bound]
+    parts = [
+        (np.zeros_like(inputs_in), inputs_in, _INFINITE),
+        (inputs_in, inputs_in + 1, 0),  # resident: saving it costs nothing
+        (fwd_in, fwd_in + 1, sizes),
+        (np.zeros_like(banned_in), banned_in, _INFINITE),
+        (back_in, np.full_like(back_in, sink), _INFINITE),
+        (edge_tails, edge_heads, _INFINITE),
+    ]
     free = [n for n in fwd if n not in sides.banned]
     return _Network(
         index,
-        np.array(tails, dtype=np.int32),
-        np.array(heads, dtype=np.int32),
-        np.array(caps, dtype=np.int64),
-        np.array([index[n] for n in free], dtype=np.int32),
-        np.array([_traffic(graph, n) for n in free], dtype=np.float64),
-        forward_bytes,
+        np.concatenate([t for t, _, _ in parts]).astype(np.int32),
+        np.concatenate([h for _, h, _ in parts]).astype(np.int32),
+        np.concatenate([np.broadcast_to(c, len(t)) for t, _, c in parts]).astype(np.int64),
+        vertex[free].astype(np.int32),
+        np.array([_traffic(graph, n, size_of[n]) for n in free], dtype=np.float64),
+        int(sizes.sum()),
     )
 
 
