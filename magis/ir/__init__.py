@@ -10,9 +10,9 @@ from magis.ir.graph import (
     Ref,
     StorageMap,
     derive_storages,
-    positions,
 )
 from magis.ir.ops import DEFAULT_REGISTRY, OpInfo, OpRegistry
+from magis.ir.order import positions
 from magis.ir.tensor import TensorMeta
 
 __all__ = [

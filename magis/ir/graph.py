@@ -13,7 +13,7 @@ code outside this module resets it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -21,6 +21,7 @@ import rustworkx as rx
 
 from magis.ir.node import Node, NodeKind, PlaceholderKind, Ref, map_refs, refs_in
 from magis.ir.ops import DEFAULT_REGISTRY, LOAD_OP, STORE_OP, OpInfo, OpRegistry
+from magis.ir.order import positions
 from magis.ir.storage import StorageMap
 from magis.ir.tensor import TensorMeta
 
@@ -59,11 +60,6 @@ _TOPO: DerivedKey[list[int]] = DerivedKey("ir.topological_order")
 _COPY_NODES: DerivedKey[frozenset[int]] = DerivedKey("ir.copy_nodes")
 _STORAGES: DerivedKey[StorageMap] = DerivedKey("ir.storages")
 _PLACEHOLDERS: DerivedKey[list[int]] = DerivedKey("ir.placeholders")
-
-
-def positions(order: Sequence[int]) -> dict[int, int]:
-    """Each node of a schedule -> its index in it."""
-    return dict(zip(order, range(len(order)), strict=True))
 
 
 class GraphError(ValueError):
