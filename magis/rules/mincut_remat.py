@@ -171,10 +171,12 @@ def _network(graph: Graph, sides: _Sides) -> _Network:
     per arc cost 0.15 s per cut."""
     fwd, backward = sides.fwd, sorted(sides.backward)
     heads = [*sides.inputs, *fwd]  # the nodes with an in- and an out-vertex
-    vertex = np.full(graph.next_id, -1, dtype=np.int64)  # node -> its (in-)vertex
+    bound = graph.next_id
+    vertex = np.full(bound, -1, dtype=np.int64)  # node -> its (in-)vertex
     vertex[heads] = 2 + 2 * np.arange(len(heads))
     vertex[backward] = 2 + 2 * len(heads) + np.arange(len(backward))
-    index = dict(zip(heads + backward, vertex[heads + backward].tolist(), strict=True))
+    named = heads + backward
+    index = dict(zip(named, vertex[named].tolist(), strict=True))
     sink = 1  # the source is vertex 0
     inputs_in = vertex[sides.inputs]
     fwd_in = vertex[fwd]
@@ -185,7 +187,6 @@ def _network(graph: Graph, sides: _Sides) -> _Network:
     # data edges u -> v with u on the forward side (an input or a forward node) and v a
     # forward or backward node, each once (a node may read one value twice)
     nodes = graph.nodes
-    bound = graph.next_id
     edges = np.unique(
         np.array([r.node * bound + v for v in (*fwd, *backward) for r in nodes[v].inputs], np.int64)
     )
