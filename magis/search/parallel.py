@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from magis.cost import CostModel
 from magis.errors import deferred_interrupt
 from magis.search.evaluator import Evaluator
 from magis.search.state import MState
@@ -134,13 +135,14 @@ class ParallelChildren:
     pinned: Sid | None = None  # the best state's: kept in its worker until another is best
     pinned_released: bool = False
     transfer: _TransferCost = field(default_factory=lambda: _TransferCost())
+    cost: CostModel | None = None  # the search's: states travel with it by name
 
     @staticmethod
     def start(transport: Any, n: int, ev: Evaluator) -> ParallelChildren:
         """The pool of started workers, which know the seen hashes as of now."""
         return ParallelChildren(
             transport, n, list(ev.seen), list(ev.seen_trees), [(0, 0)] * n,
-            drops={w: [] for w in range(n)},
+            drops={w: [] for w in range(n)}, cost=ev.cost,
         )  # fmt: skip
 
     # --- states ----------------------------------------------------------------------------
@@ -160,7 +162,7 @@ class ParallelChildren:
         """The child itself, fetched from the worker that built it."""
         entry = self.entries[summary.sid]
         if entry.state is None:
-            entry.state = loads(self._blob(summary.sid, summary.nodes))
+            entry.state = loads(self._blob(summary.sid, summary.nodes), self.cost)
             self.sid_of[id(entry.state)] = summary.sid
         return entry.state
 
@@ -193,7 +195,7 @@ class ParallelChildren:
                 self.collect()
             start = time.perf_counter()
             if holder is None:
-                entry.blob = dumps(entry.state)
+                entry.blob = dumps(entry.state, cost=self.cost)
             else:
                 entry.blob = self._call(holder, "state", sid)
             self.transfer.observe_dump(time.perf_counter() - start, nodes)

@@ -94,6 +94,31 @@ def test_a_worker_reanalyses_the_state_it_holds_as_the_main_process_would():
     assert len(lineage.tree) == len(serial.tree)
 
 
+def test_a_state_travels_with_the_searchs_cost_model_by_name_and_keeps_its_node_times():
+    """Between processes a state names the search's cost model instead of copying it: the
+    receiver's own model takes its place, so the node times cached for it on the graph are
+    found there (with a copy, and its op-time memo, a worker re-timed the whole graph of every
+    state it was sent)."""
+    import pickle
+
+    from magis.search import initial_state
+    from magis.search.workers import dumps, loads
+    from magis.sim.tables import _TIMES, node_times
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    state = initial_state(graph, cost, fission=False)
+    times = node_times(state.graph, cost)
+    mine = get_cost_model("rtx3090")  # the receiving process's model of the same search
+    got = loads(dumps(state, cost=cost), mine)
+    cached = got.graph.derived(_TIMES, dict)
+    assert mine in cached and (cached[mine] == times).all()
+    assert node_times(got.graph, mine) is cached[mine]
+    copied = loads(dumps(state), mine)  # sent by value: the copy is cached, not the receiver's
+    assert mine not in copied.graph.derived(_TIMES, dict)
+    with pytest.raises(pickle.UnpicklingError, match="cost model"):
+        loads(dumps(state, cost=cost))
+
+
 def test_under_a_time_budget_each_worker_expands_states_of_its_own():
     """Without `max_states`, workers expand popped states concurrently
     (`magis.search.concurrent`): the search records states, fetches its best from the worker
