@@ -39,3 +39,17 @@ def worker_pace() -> None:
     gc.freeze()
     young, *older = gc.get_threshold()
     gc.set_threshold(max(young, SEARCH_YOUNG_THRESHOLD), *older)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No collection inside the block: pickling or unpickling a state makes hundreds of
+    thousands of objects, none of them garbage, and the collections they triggered doubled the
+    unpickling of a 42,000-node state (0.6 -> 1.2-1.5 s)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -27,7 +27,7 @@ from typing import Any
 from magis.errors import MagisError
 from magis.ir import DEFAULT_REGISTRY, DerivedKey
 from magis.rules import Rule
-from magis.search.collector import worker_pace
+from magis.search.collector import collector_paused, worker_pace
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
 from magis.search.state import MState, Objective
@@ -84,10 +84,6 @@ def _module_keys() -> dict[int, tuple]:
     return found
 
 
-# Types that are never sent by name (`_Pickler.persistent_id`).
-_PLAIN = frozenset({int, float, str, bytes, bool, tuple, list, dict, set, frozenset, type(None)})
-
-
 class _Pickler(pickle.Pickler):
     """Pickles a state so that it arrives whole: the op registry (its FLOP formulas are
     closures), the keys of the facts cached on a graph (`DerivedKey`: they compare by
@@ -97,22 +93,24 @@ class _Pickler(pickle.Pickler):
 
     So is the search's cost model, when given: a graph's node times are cached per cost model
     (by identity), so a copy would orphan them, and the copy's op-time memo (megabytes on a
-    large graph) took most of the pickling of a 42,000-node state (1.3 of 1.9 s)."""
+    large graph) took most of the pickling of a 42,000-node state (1.3 of 1.9 s).
+
+    `reducer_override`, not `persistent_id`: pickle asks the latter about every object, the
+    millions of ints, strings and tuples of a state included (half the time of pickling it),
+    and the former only about instances of other types."""
 
     def __init__(self, file, keys: dict[int, tuple], cost: Any = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.keys = keys
         self.cost = cost
 
-    def persistent_id(self, obj: Any) -> tuple | None:
-        if type(obj) in _PLAIN:  # most of a state's millions of objects: one set lookup
-            return None
+    def reducer_override(self, obj: Any) -> Any:
         if obj is DEFAULT_REGISTRY:
-            return ("registry",)
+            return _registry, ()
         if obj is self.cost and obj is not None:
-            return ("cost",)
+            return _search_cost, ()
         if isinstance(obj, Rule) and id(obj) in self.keys:
-            return ("module", *self.keys[id(obj)])
+            return _by_name, self.keys[id(obj)]
         if _by_identity(obj):
             where = self.keys.get(id(obj))
             if where is None and isinstance(obj, DerivedKey):  # declared since the table was made
@@ -120,8 +118,23 @@ class _Pickler(pickle.Pickler):
                 where = self.keys.get(id(obj))
             if where is None and type(obj) is object:
                 raise pickle.PicklingError("a sentinel object() that is not at module level")
-            return None if where is None else ("module", *where)  # a key copied: recomputed
-        return None
+            if where is not None:
+                return _by_name, where
+        return NotImplemented  # pickled as usual (a key not declared: copied, its facts redone)
+
+
+def _registry() -> Any:
+    return DEFAULT_REGISTRY
+
+
+def _by_name(module: str, attr: str, index: int | None = None) -> Any:
+    value = getattr(importlib.import_module(module), attr)
+    return value if index is None else value[index]
+
+
+def _search_cost() -> Any:
+    """Stands for the search's cost model in a pickle (`_Unpickler` puts its own in)."""
+    raise pickle.UnpicklingError("a state sent with the search's cost model by name")
 
 
 class _Unpickler(pickle.Unpickler):
@@ -129,15 +142,11 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(file)
         self.cost = cost
 
-    def persistent_load(self, pid: tuple) -> Any:
-        if pid[0] == "registry":
-            return DEFAULT_REGISTRY
-        if pid[0] == "cost":
-            if self.cost is None:
-                raise pickle.UnpicklingError("a state sent with the search's cost model by name")
-            return self.cost
-        value = getattr(importlib.import_module(pid[1]), pid[2])
-        return value[pid[3]] if len(pid) == 4 else value
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == _search_cost.__name__ and self.cost is not None:
+            cost = self.cost
+            return lambda: cost
+        return super().find_class(module, name)
 
 
 def dumps(obj: Any, keys: dict[int, tuple] | None = None, cost: Any = None) -> bytes:
@@ -145,14 +154,16 @@ def dumps(obj: Any, keys: dict[int, tuple] | None = None, cost: Any = None) -> b
     `cost`: the search's cost model, which the receiving process holds too: sent by name
     (`loads` with the receiver's own)."""
     buf = io.BytesIO()
-    _Pickler(buf, _module_keys() if keys is None else keys, cost).dump(obj)
+    with collector_paused():
+        _Pickler(buf, _module_keys() if keys is None else keys, cost).dump(obj)
     return buf.getvalue()
 
 
 def loads(blob: bytes, cost: Any = None) -> Any:
     """`dumps`'s object again; `cost`: this process's cost model of the search, for a blob
     that was pickled with the sender's."""
-    return _Unpickler(io.BytesIO(blob), cost).load()
+    with collector_paused():
+        return _Unpickler(io.BytesIO(blob), cost).load()
 
 
 # --- what goes between the main process and a worker -------------------------------------------

@@ -119,6 +119,30 @@ def test_a_state_travels_with_the_searchs_cost_model_by_name_and_keeps_its_node_
         loads(dumps(state, cost=cost))
 
 
+def test_what_compares_by_identity_arrives_as_the_receivers_own():
+    """The op registry, the rules and the keys of a graph's cached facts travel by name: the
+    received graph finds its facts under the receiver's keys (a copied key orphans them), and
+    a sentinel that is not declared at module level cannot be sent at all."""
+    import pickle
+
+    from magis.ir import DEFAULT_REGISTRY
+    from magis.search import initial_state
+    from magis.search.optimizer import default_rules
+    from magis.search.workers import dumps, loads
+    from magis.sim.tables import _TABLES
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    state = initial_state(graph, cost, fission=False)
+    rules = default_rules()
+    got, got_rules, registry = loads(dumps((state, rules, DEFAULT_REGISTRY)))
+    assert registry is DEFAULT_REGISTRY and all(
+        a is b for a, b in zip(got_rules, rules, strict=True)
+    )
+    assert _TABLES in got.graph._derived  # found by the receiver's own key
+    with pytest.raises(pickle.PicklingError, match="sentinel"):
+        dumps({"mark": object()})
+
+
 def test_under_a_time_budget_each_worker_expands_states_of_its_own():
     """Without `max_states`, workers expand popped states concurrently
     (`magis.search.concurrent`): the search records states, fetches its best from the worker
