@@ -17,7 +17,7 @@ bans them too).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from magis.ir import Graph, Ref
@@ -410,12 +410,14 @@ def segment_heads(graph: Graph, pairs: list[tuple[int, int]]) -> list[tuple[int,
     return [(k, d) for k, d in pairs if not any(r.node in drops for r in graph.node(d).inputs)]
 
 
-def merge_all_duplicates(graph: Graph, pairs: list[tuple[int, int]], order) -> Rewritten:
+def merge_all_duplicates(
+    graph: Graph, pairs: list[tuple[int, int]], pos: Mapping[int, int]
+) -> Rewritten:
     """A new graph with every (keep, drop) of `pairs` merged, and then every node that became
     a duplicate of another by those merges (the rest of a recomputed segment, whose copies
-    read the merged copy) merged too, the earlier in `order` kept."""
+    read the merged copy) merged too, the earlier in the schedule (`pos`: node -> step; the
+    context's, indexed once per state, not once per child) kept."""
     g = graph.copy()
-    pos = {n: i for i, n in enumerate(order)}
     changed: set[int] = set()
     removed: set[int] = set()
     work = list(pairs)
@@ -430,7 +432,7 @@ def merge_all_duplicates(graph: Graph, pairs: list[tuple[int, int]], order) -> R
     return Rewritten(g, frozenset(), frozenset(changed - removed), frozenset(removed))
 
 
-def _duplicate_of(g: Graph, nid: int, pos: dict[int, int]) -> tuple[int, int] | None:
+def _duplicate_of(g: Graph, nid: int, pos: Mapping[int, int]) -> tuple[int, int] | None:
     """(keep, drop) for `nid` and a node reading the same inputs that computes the same thing,
     the earlier kept; None when there is none."""
     if recompute_call(g, nid) is None:
@@ -454,7 +456,7 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
         graph, pairs, lambda p: Ref(p[1], 0), "deremat", RuleKind.DEREMAT,
         lambda grp: f"merge the {len(grp)} recomputed copies like {graph.node(grp[0][0]).name}'s "
         "back",
-        lambda grp: merge_all_duplicates(graph, grp, ctx.order),
+        lambda grp: merge_all_duplicates(graph, grp, ctx.position),
     )  # fmt: skip
     for keep, drop in pairs[: ctx.max_candidates]:
         name, into = graph.node(drop).name, graph.node(keep).name
@@ -463,7 +465,7 @@ def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:
                 "deremat",
                 RuleKind.DEREMAT,
                 f"merge {name} and the segment it feeds into {into}'s",
-                lambda k=keep, d=drop: merge_all_duplicates(graph, [(k, d)], ctx.order),
+                lambda k=keep, d=drop: merge_all_duplicates(graph, [(k, d)], ctx.position),
             )
         yield Rewrite(
             "deremat",

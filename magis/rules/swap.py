@@ -11,7 +11,7 @@ can still be hidden, §6.2) is decided by the scheduler's Store/Load timing, not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
@@ -126,15 +126,14 @@ def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
 
 
 def swap_instead_of_recompute(
-    graph: Graph, heads: list[tuple[int, int]], order: tuple[int, ...]
+    graph: Graph, heads: list[tuple[int, int]], pos: Mapping[int, int]
 ) -> Rewritten:
     """A new graph where the recomputed segments starting at `heads` ((original, copy)
     pairs) are merged back, and every storage their late readers then read again is swapped
     out for those readers instead: the same tensors leave the device through the peak, for a
     transfer the scheduler may hide rather than a recomputation that costs its time."""
-    merged = merge_all_duplicates(graph, heads, order)
+    merged = merge_all_duplicates(graph, heads, pos)
     g = merged.graph  # a copy of its own already
-    pos = {n: i for i, n in enumerate(order)}
     changed = set(merged.changed)
     placements = []
     for reads in _reads_redirected_by_merge(graph, g, merged.changed, pos):
@@ -148,7 +147,7 @@ def swap_instead_of_recompute(
 
 
 def _reads_redirected_by_merge(
-    old: Graph, g: Graph, readers: frozenset[int], pos: dict[int, int]
+    old: Graph, g: Graph, readers: frozenset[int], pos: Mapping[int, int]
 ) -> list[LateReads]:
     """Per storage that a merge made `readers` read (an input of `g` that differs from what
     they read in `old`: an original value, which `old` has too): those readers, in schedule
@@ -193,14 +192,14 @@ def _match_remat_to_swap(ctx: RuleContext) -> Iterator[Rewrite]:
         graph, heads, lambda p: Ref(p[1], 0), "remat_to_swap", RuleKind.DEREMAT,
         lambda grp: f"swap the {len(grp)} tensors recomputed like {graph.node(grp[0][0]).name} "
         "instead",
-        lambda grp: swap_instead_of_recompute(graph, grp, ctx.order),
+        lambda grp: swap_instead_of_recompute(graph, grp, ctx.position),
     )  # fmt: skip
     for keep, drop in heads[: ctx.max_candidates]:
         yield Rewrite(
             "remat_to_swap",
             RuleKind.DEREMAT,
             f"swap {graph.node(keep).name} instead of recomputing it",
-            lambda p=(keep, drop): swap_instead_of_recompute(graph, [p], ctx.order),
+            lambda p=(keep, drop): swap_instead_of_recompute(graph, [p], ctx.position),
         )
 
 
