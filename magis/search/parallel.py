@@ -31,6 +31,7 @@ from typing import Any
 from magis.cost import CostModel
 from magis.errors import deferred_interrupt
 from magis.search.evaluator import Evaluator
+from magis.search.pickling import dumps, loads
 from magis.search.state import MState
 from magis.search.workers import (
     Batch,
@@ -40,9 +41,7 @@ from magis.search.workers import (
     Summary,
     Task,
     WorkerError,
-    dumps,
     import_ray,
-    loads,
     start_local_workers,
     start_ray_workers,
 )

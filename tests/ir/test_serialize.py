@@ -63,7 +63,7 @@ def test_graph_objects_pickle_to_equal_ones_between_search_processes(mlp_step_fa
     map its derived splittable axes)."""
     from magis.analyze.dgraph import node_dims
     from magis.ir.tensor import TensorMeta
-    from magis.search.workers import dumps, loads
+    from magis.search.pickling import dumps, loads
 
     g = mlp_step_factory("adam").graph
     nodes = [g.node(n) for n in g.program_order()]

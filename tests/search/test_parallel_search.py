@@ -102,7 +102,7 @@ def test_a_state_travels_with_the_searchs_cost_model_by_name_and_keeps_its_node_
     import pickle
 
     from magis.search import initial_state
-    from magis.search.workers import dumps, loads
+    from magis.search.pickling import dumps, loads
     from magis.sim.tables import _TIMES, node_times
 
     graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
@@ -128,7 +128,7 @@ def test_what_compares_by_identity_arrives_as_the_receivers_own():
     from magis.ir import DEFAULT_REGISTRY
     from magis.search import initial_state
     from magis.search.optimizer import default_rules
-    from magis.search.workers import dumps, loads
+    from magis.search.pickling import dumps, loads
     from magis.sim.tables import _TABLES
 
     graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
