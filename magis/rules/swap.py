@@ -198,7 +198,7 @@ def _match_remat_to_swap(ctx: RuleContext) -> Iterator[Rewrite]:
         yield Rewrite(
             "remat_to_swap",
             RuleKind.DEREMAT,
-            f"swap {graph.node(keep).name} instead of recomputing it",
+            f"swap {graph.node(keep).name} instead of recomputing it as {graph.node(drop).name}",
             lambda p=(keep, drop): swap_instead_of_recompute(graph, [p], ctx.position),
         )
 

@@ -36,6 +36,7 @@ from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
 from magis.search.state import Mode, MState, Objective
+from magis.search.symmetry import MoveSignatures
 from magis.sim import SimResult, derive_facts, derive_node_times, simulate, tables
 
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
@@ -59,6 +60,9 @@ def simulate_state(
 class SearchStats:
     states_explored: int = 0
     duplicates: int = 0
+    # Moves skipped unbuilt as mirrors of a move tried on the same state (symmetry.py): the
+    # duplicates they would have been.
+    mirrored: int = 0
     # Children whose ops, run on fake tensors, do not make the shapes, dtypes and strides the
     # graph records (the meta check): dropped, never kept or returned.
     meta_rejected: int = 0
@@ -187,14 +191,23 @@ class Evaluator:
         rules = after_local_move(rules, state.history)
         if wants_memory is not None:
             rules = ordered_for(rules, wants_memory)
+        mirrors = MoveSignatures(state.graph, state.hash.labels[-1])
         others = [
             (
                 (rw.rule, lambda r=rw: self.repaired(self.child(state, r), objective, ctx))
                 for rw in self._matches(rule, ctx if rule.kind is RuleKind.TASO else inside)
+                if self._unmirrored(rw, mirrors)
             )
             for rule in rules
         ]
         return round_robin([*streams, round_robin(others)])
+
+    def _unmirrored(self, rewrite: Rewrite, mirrors: MoveSignatures) -> bool:
+        """Whether the rewrite is no mirror of one offered on its state before (counted)."""
+        if mirrors.first(rewrite):
+            return True
+        self.stats.mirrored += 1
+        return False
 
     def _matches(self, rule: Rule, ctx: RuleContext) -> Iterator[Rewrite]:
         """The rule's rewrites; a rule that raises while it matches offers no more on this
