@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from magis.ir import DerivedKey, Graph
+from magis.ir import DerivedKey, Graph, Ref
 
 LEVELS = 3
 _MASK = (1 << 64) - 1
@@ -24,22 +24,24 @@ def _h(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
 
 
-def _base_label(graph: Graph, nid: int) -> int:
+def _base_label(graph: Graph, nid: int, memo: dict | None = None) -> int:
+    """The node's level-0 label. `memo`: labels by what they hash, for one hashing of many
+    nodes (a split's parts repeat one another: 42,000 nodes, 210 distinct labels). Its key
+    holds the constants and keyword arguments as their repr, which the label hashes, so two
+    constants that compare equal but print differently (1 and 1.0) keep their own labels."""
     node = graph.node(nid)
-    consts = tuple(a for a in node.args if not _is_ref_like(a))
-    return _h(
-        node.op,
-        repr(consts),
-        node.kwargs,
-        node.outputs,
-        node.placeholder_kind,
-        node.writes_into is not None,
-    )
+    consts = repr(tuple(a for a in node.args if not _is_ref_like(a)))
+    kind, writes = node.placeholder_kind, node.writes_into is not None
+    if memo is None:
+        return _h(node.op, consts, node.kwargs, node.outputs, kind, writes)
+    key = (node.op, consts, repr(node.kwargs), node.outputs, kind, writes)
+    label = memo.get(key)
+    if label is None:
+        label = memo[key] = _h(node.op, consts, node.kwargs, node.outputs, kind, writes)
+    return label
 
 
 def _is_ref_like(a) -> bool:
-    from magis.ir import Ref
-
     if isinstance(a, Ref):
         return True
     return isinstance(a, list | tuple) and any(isinstance(x, Ref) for x in a)
@@ -127,7 +129,8 @@ def graph_hash(graph: Graph) -> GraphHash:
 
 
 def wl_hash(graph: Graph) -> GraphHash:
-    labels = [{n: _base_label(graph, n) for n in graph.nodes}]
+    memo: dict = {}
+    labels = [{n: _base_label(graph, n, memo) for n in graph.nodes}]
     for _ in range(LEVELS):
         prev = labels[-1]
         labels.append({n: _level_up(graph, prev, n) for n in graph.nodes})
@@ -168,8 +171,9 @@ def wl_hash_incremental(
     gone: dict[int, int | None] = dict.fromkeys(removed)
     # A level-0 label is the node's own: only nodes that are not the parent's Node objects
     # get a new one (the others are dirty for their edges, from level 1 on).
+    memo: dict = {}
     relabel = {
-        n: _base_label(graph, n)
+        n: _base_label(graph, n, memo)
         for n in dirty
         if n not in old_graph or graph.node(n) is not old_graph.node(n)
     }
