@@ -24,7 +24,7 @@ def _h(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
 
 
-def _base_label(graph: Graph, nid: int, memo: dict | None = None) -> int:
+def _base_label(graph: Graph, nid: int, memo: dict) -> int:
     """The node's level-0 label. `memo`: labels by what they hash, for one hashing of many
     nodes (a split's parts repeat one another: 42,000 nodes, 210 distinct labels). Its key
     holds the constants and keyword arguments as their repr, which the label hashes, so two
@@ -32,8 +32,6 @@ def _base_label(graph: Graph, nid: int, memo: dict | None = None) -> int:
     node = graph.node(nid)
     consts = repr(tuple(a for a in node.args if not _is_ref_like(a)))
     kind, writes = node.placeholder_kind, node.writes_into is not None
-    if memo is None:
-        return _h(node.op, consts, node.kwargs, node.outputs, kind, writes)
     key = (node.op, consts, repr(node.kwargs), node.outputs, kind, writes)
     label = memo.get(key)
     if label is None:
@@ -138,7 +136,8 @@ def wl_hash(graph: Graph) -> GraphHash:
     return GraphHash(tuple(Labels(level) for level in labels), value)
 
 
-def _neighbours(graph: Graph, nodes: Iterable[int]) -> set[int]:
+def neighbours(graph: Graph, nodes: Iterable[int]) -> set[int]:
+    """The nodes (those still in `graph`) and their predecessors and successors."""
     out: set[int] = set()
     for n in nodes:
         if n in graph:
@@ -165,7 +164,7 @@ def wl_hash_incremental(
     # removed node's former neighbours.
     dirty = {
         n
-        for n in _neighbours(old_graph, touched | removed) | _neighbours(graph, touched) | touched
+        for n in neighbours(old_graph, touched | removed) | neighbours(graph, touched) | touched
         if n in graph
     }
     gone: dict[int, int | None] = dict.fromkeys(removed)
@@ -182,11 +181,11 @@ def wl_hash_incremental(
     # changed: level 1 is redone on the dirty nodes and the relabelled ones' neighbours (those
     # of touched nodes are dirty already), and each further level one ring wider (the last
     # ring of level i-1 adds its neighbours).
-    frontier = dirty | _neighbours(graph, relabel.keys() - touched)
+    frontier = dirty | neighbours(graph, relabel.keys() - touched)
     ring = frontier - set(relabel)
     for level in range(1, LEVELS + 1):
         if level > 1:
-            grown = _neighbours(graph, ring)
+            grown = neighbours(graph, ring)
             ring = grown - frontier
             frontier = frontier | grown
         prev = labels[-1].readable()

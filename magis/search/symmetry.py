@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 from magis.ir import DerivedKey, Graph
 from magis.rules import Rewrite
+from magis.search.hashing import neighbours
 
 RING = 4  # hops around a named node whose labels make its part of a signature
 
@@ -46,7 +47,6 @@ class MoveSignatures:
     def __init__(self, graph: Graph, labels: Mapping[int, int]) -> None:
         self.graph = graph
         self.labels = labels  # the state's final-level WL labels
-        self._names: dict[str, int] | None = None
         self._rings: dict[int, str] = {}
         self._seen: set[tuple[str, str]] = set()
 
@@ -59,9 +59,7 @@ class MoveSignatures:
         return True
 
     def _token(self, match: re.Match) -> str:
-        if self._names is None:
-            self._names = node_names(self.graph)
-        nid = self._names.get(match.group())
+        nid = node_names(self.graph).get(match.group())
         if nid is None:
             return match.group()  # a word of the description, not a node
         ring = self._rings.get(nid)
@@ -70,15 +68,10 @@ class MoveSignatures:
         return ring
 
     def _ring_labels(self, nid: int) -> str:
-        graph, labels = self.graph, self.labels
-        ring, frontier = {nid}, [nid]
+        ring, frontier = {nid}, {nid}
         for _ in range(RING):
-            reached = []
-            for x in frontier:
-                for m in (*graph.predecessors(x), *graph.successors(x)):
-                    if m not in ring:
-                        ring.add(m)
-                        reached.append(m)
-            frontier = reached
+            frontier = neighbours(self.graph, frontier) - ring
+            ring |= frontier
+        labels = self.labels
         around = hash(tuple(sorted(labels[m] for m in ring))) & 0xFFFFFFFFFFFF
         return f"<{labels[nid]:x}:{around:x}>"

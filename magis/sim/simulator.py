@@ -252,8 +252,7 @@ def near_peak_storages(graph: Graph, order, tolerance: float) -> frozenset[Ref]:
     matters as much as the peak when lowering the peak moves it there: after a split in n, the
     n parts repeat one another, and each part's copy of a tensor is hot in turn."""
     t = tables(graph)
-    ids = _as_ids(order)  # once: converting a 42,000-step tuple costs more than a pass over it
-    timeline, alloc, free = memory_timeline(graph, ids)
+    timeline, alloc, free = memory_timeline(graph, order)
     if len(timeline) == 0:
         return frozenset()
     floor = int(timeline.max()) * (1.0 - tolerance)
