@@ -270,7 +270,7 @@ class Decision:
             if type(value[key]) is not str:
                 raise PlanError(f"{where}.{key}: expected a string")
         kinds = {k.value: k for k in DecisionKind}
-        if value["kind"] not in kinds:
+        if not isinstance(value["kind"], str) or value["kind"] not in kinds:
             raise PlanError(f"{where}.kind: unknown kind {value['kind']!r:.40}")
         return Decision(
             value["rule"],
