@@ -269,11 +269,19 @@ class OwnProcessWorker(ChildWorker):
         super().__init__(wid, setup)
         worker_pace()
 
+    def ping(self, _: None) -> None:
+        """Answered once the worker is up (a Ray actor's start is asynchronous)."""
+
 
 def _serve(conn: Connection, wid: int, setup: bytes) -> None:
     """A local worker process: answer the main process's calls until it hangs up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    worker = OwnProcessWorker(wid, setup)
+    try:
+        worker = OwnProcessWorker(wid, setup)
+    except Exception:  # noqa: BLE001 - the main process raises it as the worker's error
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send((_BOOTED, None))  # the main process expands states itself until all are
     while True:
         try:
             method, arg = conn.recv()
@@ -283,6 +291,9 @@ def _serve(conn: Connection, wid: int, setup: bytes) -> None:
             conn.send(("ok", getattr(worker, method)(arg)))
         except Exception:  # noqa: BLE001 - sent back and raised there, as the serial search would
             conn.send(("error", traceback.format_exc()))
+
+
+_BOOTED = "booted"  # a local worker's first message: it is ready for calls
 
 
 class WorkerError(RuntimeError):
@@ -306,8 +317,10 @@ def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
-        # the server imports magis (and torch) once; each worker forks from it ready to go
-        ctx.set_forkserver_preload(["magis.search.workers"])
+        # The server imports magis (and torch) once; each worker forks from it ready to go.
+        # torch._dynamo too: the meta checker's FakeTensorMode imports it on first use, and
+        # each worker spent 1.5 to 3 s of its start on that.
+        ctx.set_forkserver_preload(["magis.search.workers", "torch._dynamo"])
     conns, ends, processes = [], [], []
     for wid in range(n):
         mine, theirs = ctx.Pipe()
@@ -316,15 +329,21 @@ def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
         processes.append(ctx.Process(target=_serve, args=(theirs, wid, setup), daemon=True))
     # Starting the first one waits for the server to import torch (about 1.3 s): a thread
     # does it while the caller goes on (the warm starts run meanwhile).
-    starting = threading.Thread(target=_start_all, args=(processes, ends), daemon=True)
-    starting.start()
-    return LocalWorkers(conns, processes, starting)
+    workers = LocalWorkers(conns, processes)
+    workers.starting = threading.Thread(target=_start_all, args=(workers, ends), daemon=True)
+    workers.starting.start()
+    return workers
 
 
-def _start_all(processes: list, ends: list[Connection]) -> None:
-    for p, theirs in zip(processes, ends, strict=True):
-        p.start()
-        theirs.close()
+def _start_all(workers: LocalWorkers, ends: list[Connection]) -> None:
+    try:
+        for p, theirs in zip(workers.processes, ends, strict=True):
+            p.start()
+            theirs.close()
+    except Exception as exc:  # noqa: BLE001 - the main process raises it at its next call
+        # The forkserver runs the caller's script too: an unguarded one ends it, and a
+        # worker's start then meets a broken pipe.
+        workers.start_error = exc
 
 
 @dataclass
@@ -334,11 +353,27 @@ class LocalWorkers:
     conns: list[Connection]
     processes: list
     starting: threading.Thread | None = None
+    start_error: Exception | None = None  # what ended `starting`, if anything did
+    ready: set[int] = field(default_factory=set)  # the workers that said they booted
 
     def _started(self) -> None:
         if self.starting is not None:
             self.starting.join()
             self.starting = None
+        if self.start_error is not None:
+            raise WorkerError(
+                f"the worker processes could not start ({self.start_error!r}); the error "
+                "that ended them, if any, is above"
+            )
+
+    def booted(self) -> bool:
+        """Whether every worker is ready for calls (without waiting)."""
+        if self.starting is not None and not self.starting.is_alive():
+            self._started()
+        for wid, conn in enumerate(self.conns):
+            if wid not in self.ready and conn.poll():
+                self._receive(wid)
+        return len(self.ready) == len(self.conns)
 
     def submit(self, wid: int, method: str, arg: Any) -> None:
         self._started()
@@ -353,22 +388,31 @@ class LocalWorkers:
         return WorkerError(f"worker {wid} exited (code {code}); its error, if any, is above")
 
     def next_reply(self, busy: set[int]) -> tuple[int, Any]:
-        ready = wait([self.conns[w] for w in sorted(busy)])
-        wid = self.conns.index(ready[0])
+        while True:
+            wid = self.conns.index(wait([self.conns[w] for w in sorted(busy)])[0])
+            status, value = self._receive(wid)
+            if status != _BOOTED:
+                return wid, value
+
+    def _receive(self, wid: int) -> tuple[str, Any]:
         try:
             status, value = self.conns[wid].recv()
         except (EOFError, OSError):
             raise self._gone(wid) from None
         if status == "error":
             raise WorkerError(f"worker {wid} failed:\n{value}")
-        return wid, value
+        if status == _BOOTED:
+            self.ready.add(wid)
+        return status, value
 
     def close(self) -> None:
-        self._started()
+        if self.starting is not None:
+            self.starting.join()
         for c in self.conns:
             c.close()
         for p in self.processes:
-            p.terminate()
+            if p.pid is not None:  # started
+                p.terminate()
 
 
 def start_ray_workers(n: int, setup: bytes, address: str) -> RayWorkers:
@@ -377,7 +421,8 @@ def start_ray_workers(n: int, setup: bytes, address: str) -> RayWorkers:
     ray = import_ray()
     started = start_ray(ray, None if address == "local" else address, n)
     actor = ray.remote(num_cpus=1)(OwnProcessWorker)
-    return RayWorkers(ray, [actor.remote(wid, setup) for wid in range(n)], started)
+    actors = [actor.remote(wid, setup) for wid in range(n)]
+    return RayWorkers(ray, actors, started, booting=[a.ping.remote(None) for a in actors])
 
 
 @dataclass
@@ -388,6 +433,19 @@ class RayWorkers:
     actors: list
     started: bool
     pending: dict = field(default_factory=dict)  # object reference -> worker
+    booting: list = field(default_factory=list)  # each actor's first call, until answered
+
+    def booted(self) -> bool:
+        """Whether every actor is ready for calls (without waiting)."""
+        if self.booting:
+            done, self.booting = self.ray.wait(
+                self.booting, num_returns=len(self.booting), timeout=0
+            )
+            try:
+                self.ray.get(done)
+            except Exception as exc:
+                raise WorkerError(f"a worker failed as it started: {exc}") from exc
+        return not self.booting
 
     def submit(self, wid: int, method: str, arg: Any) -> None:
         self.pending[getattr(self.actors[wid], method).remote(arg)] = wid
