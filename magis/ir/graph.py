@@ -75,7 +75,7 @@ class Graph:
         self._dag = rx.PyDiGraph(check_cycle=False, multigraph=False)
         self._nodes: dict[int, Node] = {}
         self._index: dict[int, int] = {}  # node id -> rustworkx index (indices get reused)
-        self._control: dict[int, set[int]] = {}  # node -> nodes that must run before it
+        self._control: dict[int, frozenset[int]] = {}  # node -> what runs first (shared by copies)
         self._outputs: tuple[Ref, ...] = ()
         # placeholder -> the node writing it in place: kept as nodes come and go, because
         # every add_op consults it (a whole-graph recount there made graph building quadratic)
@@ -186,10 +186,7 @@ class Graph:
         return node.id
 
     def restore_node(self, node: Node) -> int:
-        """Insert a node exactly as given (its id included): for loading saved graphs.
-
-        Its inputs must already be in the graph; ids must be new.
-        """
+        """Insert a node as given, id included (loading saved graphs): inputs in, id new."""
         if node.id in self._nodes:
             raise GraphError(f"node id {node.id} is taken")
         for ref in node.inputs:
@@ -226,7 +223,7 @@ class Graph:
         """`after` may only run once `before` has run (no data flows)."""
         if before == after:
             return
-        self._control.setdefault(after, set()).add(before)
+        self._control[after] = self._control.get(after, frozenset()) | {before}
         a, b = self._index[before], self._index[after]
         if not self._dag.has_edge(a, b):
             self._dag.add_edge(a, b, "control")
@@ -295,7 +292,7 @@ class Graph:
         new._dag = self._dag.copy()
         new._nodes = dict(self._nodes)
         new._index = dict(self._index)
-        new._control = {k: set(v) for k, v in self._control.items()}
+        new._control = dict(self._control)
         new._outputs = self._outputs
         new._writers = dict(self._writers)
         new._next_id = self._next_id
@@ -308,13 +305,17 @@ class Graph:
         if any(r.node == nid for r in self._outputs):
             raise GraphError(f"cannot remove {self._nodes[nid].name}: it is a graph output")
         written = self.overwritten_placeholder(nid)
-        self._dag.remove_node(self._index.pop(nid))
+        index = self._index.pop(nid)
+        # a control dependency keeps its edge (`replace_uses`): only successors can list nid
+        followers = self._dag.successors(index) if self._control else ()
+        self._dag.remove_node(index)
         self._nodes.pop(nid)
         if written is not None and self._writers.get(written) == nid:
             del self._writers[written]
         self._control.pop(nid, None)
-        for deps in self._control.values():
-            deps.discard(nid)
+        for after in followers:
+            if nid in self._control.get(after, ()):
+                self._control[after] -= {nid}
         self._invalidate()
 
     def _check_ref(self, ref: Ref) -> None:
@@ -365,7 +366,7 @@ class Graph:
         return sorted(s for s in succ if any(r.node == nid for r in nodes[s].inputs))
 
     def control_deps(self, nid: int) -> frozenset[int]:
-        return frozenset(self._control.get(nid, ()))
+        return self._control.get(nid, frozenset())
 
     def with_control_deps(self) -> list[int]:
         """The nodes that have control dependencies, in program order."""
@@ -477,14 +478,11 @@ class Graph:
         return all(pos[p] < pos[nid] for nid in order for p in self.predecessors(nid))
 
     def summary(self) -> dict[str, int]:
-        ops = self.ops()
-        return {
-            "nodes": len(self._nodes),
-            "ops": len(ops),
-            "distinct_ops": len({self._nodes[n].op for n in ops}),
-            "views": sum(1 for n in ops if self.info(n).is_view),
-            "placeholders": len(self._nodes) - len(ops),
-        }
+        ops, nodes = self.ops(), len(self._nodes)
+        views = sum(1 for n in ops if self.info(n).is_view)
+        distinct = len({self._nodes[n].op for n in ops})
+        return {"nodes": nodes, "ops": len(ops), "distinct_ops": distinct, "views": views,
+                "placeholders": nodes - len(ops)}  # fmt: skip
 
 
 def derive_storages(

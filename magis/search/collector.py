@@ -12,33 +12,52 @@ memory 1.74 -> 2.00 GB. Cycles are still collected, only less often.
 The main process restores the caller's pace afterwards (`search_pace`); a worker process is the
 search's own, so it also freezes the heap it starts with (torch, the cost model), which no
 collection then walks (`worker_pace`).
+
+What survives a child's evaluation (the child, if kept, and the caches) is frozen too
+(`settle`): a young collection walks every reference of what is young, and a fresh 42,000-node
+graph's dicts made each one take some 200 ms. A frozen object is still freed when its last
+reference goes; only reference cycles among frozen objects stay, and there are few: 120
+children of Phi-1.5's split best left 1,248 cyclic objects, the same peak RSS (1,488 MB),
+and took 16.3 -> 13.9 s (young collections 1.38 -> 0.35 s).
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 SEARCH_YOUNG_THRESHOLD = 100_000
 
 
 @contextmanager
-def search_pace() -> Iterator[None]:
-    """Collect young objects every `SEARCH_YOUNG_THRESHOLD` allocations inside the block."""
+def search_pace() -> Iterator[Callable[[], None]]:
+    """Collect young objects every `SEARCH_YOUNG_THRESHOLD` allocations inside the block; yields
+    the search's `settle`, called after each child: it freezes what is alive, and the block
+    unfreezes it all as it ends. Where the caller froze objects of its own (the process had
+    a freeze count), nothing is frozen: unfreezing would undo the caller's."""
     before = gc.get_threshold()
+    freezing = gc.get_freeze_count() == 0
     gc.set_threshold(max(before[0], SEARCH_YOUNG_THRESHOLD), *before[1:])
     try:
-        yield
+        yield gc.freeze if freezing else _keep
     finally:
         gc.set_threshold(*before)
+        if freezing:
+            gc.unfreeze()
 
 
-def worker_pace() -> None:
-    """A worker process's pace for the rest of its life: the search's, its start-up heap frozen."""
+def _keep() -> None:
+    """`settle` where nothing may be frozen."""
+
+
+def worker_pace() -> Callable[[], None]:
+    """A worker process's pace for the rest of its life: the search's, its start-up heap
+    frozen; returns its `settle`."""
     gc.freeze()
     young, *older = gc.get_threshold()
     gc.set_threshold(max(young, SEARCH_YOUNG_THRESHOLD), *older)
+    return gc.freeze
 
 
 @contextmanager

@@ -174,8 +174,9 @@ def optimize_graph(
     options = options if options is not None else SearchOptions()
     if workers is None and options.workers > 1:
         workers = start_search_workers(cost, options, objective)
-    with search_pace():
+    with search_pace() as settle:
         search = _Search.start(graph, cost, objective, options, on_improvement, workers)
+        search.settle = settle
         try:
             for warm in warm_starts:
                 search.add_warm_start(warm)
@@ -212,6 +213,7 @@ class _Search:
     improvements: list[Improvement] = field(default_factory=list)
     workers: Any = None  # `parallel.start_workers`, when options.workers > 1
     pool: Any = None  # `parallel.ParallelChildren` over them, from the first expansion
+    settle: Callable[[], None] = lambda: None  # after each child built here (`search_pace`)
 
     @staticmethod
     def start(graph, cost, objective, options, on_improvement, workers) -> _Search:
@@ -314,6 +316,7 @@ class _Search:
                 return
             name, make_child = move
             child = make_child()
+            self.settle()
             if child is None:
                 continue
             evaluated += 1

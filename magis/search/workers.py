@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -165,6 +165,8 @@ class ChildWorker:
         self.states: dict[Sid, MState] = {}
         self.streams: dict[Sid, tuple[Iterator, int]] = {}
         self.count = 0
+        # after each child: the collector's, in a process of the search's own (`collector`)
+        self.settle: Callable[[], None] = lambda: None
 
     def evaluate(self, task: Task) -> list[Outcome]:
         """The outcomes of the task's move, or of its batch of moves, in order."""
@@ -203,6 +205,7 @@ class ChildWorker:
         ev.probe, trees.probe = None, None
         rejected, before = ev.stats.meta_rejected, dict(ev.stats.breakdown)
         child = make_child()
+        self.settle()
         summary = None
         if child is not None:
             self.count += 1
@@ -267,7 +270,7 @@ class OwnProcessWorker(ChildWorker):
 
     def __init__(self, wid: int, setup: bytes) -> None:
         super().__init__(wid, setup)
-        worker_pace()
+        self.settle = worker_pace()
 
     def ping(self, _: None) -> None:
         """Answered once the worker is up (a Ray actor's start is asynchronous)."""

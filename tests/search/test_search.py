@@ -448,19 +448,34 @@ def test_the_search_collects_garbage_at_its_own_pace_and_gives_the_callers_back(
     cost = get_cost_model("rtx3090")
     base = simulate(step.graph, step.graph.program_order(), cost)
     objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
+
+    def search(seen: list) -> None:
+        optimize_graph(
+            step.graph,
+            cost,
+            objective,
+            SearchOptions(time_budget=60, max_states=10),
+            on_improvement=lambda _: seen.append((gc.get_threshold(), gc.get_freeze_count())),
+        )
+        assert len(seen) > 1  # the callback ran inside the search, after children
+
     seen = []
     before = gc.get_threshold()
-    result = optimize_graph(
-        step.graph,
-        cost,
-        objective,
-        SearchOptions(time_budget=60, max_states=10),
-        on_improvement=lambda _: seen.append(gc.get_threshold()),
-    )
-    assert result.improvements and seen  # the callback ran inside the search
-    assert all(t[0] >= SEARCH_YOUNG_THRESHOLD and t[1:] == before[1:] for t in seen)
+    search(seen)
+    assert all(t[0] >= SEARCH_YOUNG_THRESHOLD and t[1:] == before[1:] for t, _ in seen)
+    assert seen[-1][1] > 0  # what survived the children is frozen while the search runs
     assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0  # the caller's heap is not frozen
+    assert gc.get_freeze_count() == 0  # and unfrozen as it ends: the caller's heap is not
+
+    gc.freeze()  # a caller that froze objects of its own keeps them so, and no more
+    try:
+        mine = gc.get_freeze_count()
+        seen = []
+        search(seen)
+        # (frozen objects freed since count no more)
+        assert all(frozen <= mine for _, frozen in seen) and 0 < gc.get_freeze_count() <= mine
+    finally:
+        gc.unfreeze()
 
 
 def test_the_min_cut_is_offered_along_a_line_of_local_rewrites_at_doubling_depths():
