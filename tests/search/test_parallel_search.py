@@ -178,14 +178,15 @@ def test_under_a_time_budget_each_worker_expands_states_of_its_own():
 
 @dataclass
 class _Starting:
-    """Workers that are still starting, `polls` times asked: then the real ones, up."""
+    """Workers that say they are still starting the first `polls` times asked (the real
+    ones are up: the search's budget goes to the search, not to their start)."""
 
     real: Any
     polls: int
 
     def booted(self) -> bool:
         self.polls -= 1
-        return self.polls < 0 and _booted(self.real).booted()
+        return self.polls < 0 and self.real.booted()
 
     def __getattr__(self, name: str):
         return getattr(self.real, name)
@@ -204,7 +205,7 @@ def test_the_main_process_expands_states_until_the_workers_are_up(polls):
     base = simulate(graph, graph.program_order(), cost)
     objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
     options = SearchOptions(time_budget=4, workers=2)
-    workers = _Starting(start_search_workers(cost, options, objective), polls)
+    workers = _Starting(_booted(start_search_workers(cost, options, objective)), polls)
     result = optimize_graph(graph, cost, objective, options, workers=workers)
     assert result.stats.states_explored > 10
     assert result.best.memory < base.peak_bytes
