@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from magis.search.evaluator import MoveStream
 from magis.search.parallel import (
     Batch,
     ParallelChildren,
@@ -52,7 +51,6 @@ class _Job:
 
 def run(search) -> None:
     """Pop and expand until the budget is spent or nothing is left to expand."""
-    _expand_here_while_workers_boot(search)
     pool = pool_of(search)
     jobs: dict[int, _Job] = {}
     while not search.out_of_budget():
@@ -67,17 +65,6 @@ def run(search) -> None:
             del jobs[wid]
 
 
-def _expand_here_while_workers_boot(search) -> None:
-    """Expand in the main process, as the serial search does, until every worker is ready.
-    A worker's start (importing torch, its meta checker) takes seconds: on bert-base:tiny, 5
-    of an 8 s search found nothing, and a test run beside another (CI) found nothing at all.
-    The states made here stay in the main process (pickled for a worker that expands one:
-    slow on large graphs, but only a few are made before the workers are up)."""
-    booted = search.workers.booted
-    while search.queue and not search.out_of_budget() and not booted():
-        search.expand_here(*search.queue.pop(), pause=booted)
-
-
 def _start_jobs(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> None:
     """Give every idle worker a popped state, one it holds where the queue's next few have one."""
     while search.queue:
@@ -85,10 +72,7 @@ def _start_jobs(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> None:
         if not idle:
             return
         wid, state, moves = _pop_for(search, pool, idle)
-        if isinstance(moves, MoveStream):  # begun here while the workers booted
-            taken = moves.taken
-            moves = PendingMoves(pool.sid_for(state), state.nodes, taken, taken)
-        elif moves is None:
+        if moves is None:
             state = reanalysed(search, pool, state)  # waits on the state's worker if busy
             moves = PendingMoves(pool.sid_for(state), state.nodes)
         jobs[wid] = _Job(state, moves)

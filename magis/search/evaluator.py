@@ -42,24 +42,6 @@ from magis.sim import SimResult, derive_facts, derive_node_times, simulate, tabl
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
 
 
-class MoveStream:
-    """A state's moves (`Evaluator.moves`) with the count of those taken: a worker that goes
-    on with a stream begun in the main process skips as many in its own (move streams are
-    the same wherever they are walked, as the parallel search's move indices need)."""
-
-    def __init__(self, moves: Iterator[Move]) -> None:
-        self._moves = moves
-        self.taken = 0
-
-    def __iter__(self) -> MoveStream:
-        return self
-
-    def __next__(self) -> Move:
-        move = next(self._moves)
-        self.taken += 1
-        return move
-
-
 def simulate_state(
     graph: Graph, order: Sequence[int], cost: CostModel, figure: MemoryFigure, detail: bool = True
 ) -> SimResult:

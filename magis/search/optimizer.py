@@ -45,7 +45,7 @@ from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.collector import search_pace
 from magis.search.decisions import Decision
-from magis.search.evaluator import Evaluator, MoveStream, SearchStats, simulate_state
+from magis.search.evaluator import Evaluator, SearchStats, simulate_state
 from magis.search.hashing import wl_hash
 from magis.search.options import MemoryFigure, SearchOptions
 from magis.search.queue import WARM_START_PREFIX, QueueOrder, SearchQueue
@@ -296,25 +296,15 @@ class _Search:
         is dropped (Alg. 3 still sees them all in time)."""
         if self.options.workers > 1:  # the same records, children built in parallel workers
             return parallel.expand(self, state, moves)
-        self.expand_here(state, moves)
-
-    def expand_here(self, state: MState, moves, pause: Callable[[], bool] = bool) -> None:
-        """`expand` in this process; when `pause()` turns true between two children, the
-        state goes back with the rest of its moves (a concurrent search's workers booted)."""
         if moves is None:
             state = self._reanalysed(state)
             ctx = self.evaluator.context(state, self.options.hotspots_only, self.objective)
             wants = self.objective.wants_memory(state)
-            moves = MoveStream(self.evaluator.moves(state, self.rules, ctx, wants, self.objective))
+            moves = self.evaluator.moves(state, self.rules, ctx, wants, self.objective)
         evaluated = 0
-        while not self.out_of_budget():
-            if pause():
-                self.queue.push(state, moves)
+        for name, make_child in moves:
+            if self.out_of_budget():
                 return
-            move = next(moves, None)
-            if move is None:
-                return
-            name, make_child = move
             child = make_child()
             self.settle()
             if child is None:
