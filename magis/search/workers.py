@@ -272,9 +272,6 @@ class OwnProcessWorker(ChildWorker):
         super().__init__(wid, setup)
         self.settle = worker_pace()
 
-    def ping(self, _: None) -> None:
-        """Answered once the worker is up (a Ray actor's start is asynchronous)."""
-
 
 def _serve(conn: Connection, wid: int, setup: bytes) -> None:
     """A local worker process: answer the main process's calls until it hangs up."""
@@ -284,7 +281,7 @@ def _serve(conn: Connection, wid: int, setup: bytes) -> None:
     except Exception:  # noqa: BLE001 - the main process raises it as the worker's error
         conn.send(("error", traceback.format_exc()))
         return
-    conn.send((_BOOTED, None))  # the main process expands states itself until all are
+    conn.send((_BOOTED, None))  # `LocalWorkers.booted` hears it
     while True:
         try:
             method, arg = conn.recv()
@@ -424,8 +421,7 @@ def start_ray_workers(n: int, setup: bytes, address: str) -> RayWorkers:
     ray = import_ray()
     started = start_ray(ray, None if address == "local" else address, n)
     actor = ray.remote(num_cpus=1)(OwnProcessWorker)
-    actors = [actor.remote(wid, setup) for wid in range(n)]
-    return RayWorkers(ray, actors, started, booting=[a.ping.remote(None) for a in actors])
+    return RayWorkers(ray, [actor.remote(wid, setup) for wid in range(n)], started)
 
 
 @dataclass
@@ -436,19 +432,6 @@ class RayWorkers:
     actors: list
     started: bool
     pending: dict = field(default_factory=dict)  # object reference -> worker
-    booting: list = field(default_factory=list)  # each actor's first call, until answered
-
-    def booted(self) -> bool:
-        """Whether every actor is ready for calls (without waiting)."""
-        if self.booting:
-            done, self.booting = self.ray.wait(
-                self.booting, num_returns=len(self.booting), timeout=0
-            )
-            try:
-                self.ray.get(done)
-            except Exception as exc:
-                raise WorkerError(f"a worker failed as it started: {exc}") from exc
-        return not self.booting
 
     def submit(self, wid: int, method: str, arg: Any) -> None:
         self.pending[getattr(self.actors[wid], method).remote(arg)] = wid
