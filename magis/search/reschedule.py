@@ -13,6 +13,7 @@ best is re-ordered in full (`Evaluator.polish`).
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -40,7 +41,10 @@ def reschedule(
         # No place given (the TASO matmul merge and its dual): the old order kept where the
         # new dependencies allow. Alg. 2 took 0.13 s a child on a 1.1B decoder, 40% of a
         # search there; the winner is re-ordered in full at the end anyway (`polish`).
-        order = stable_topological_order(result.graph, old_order)
+        placed = _stable_order_around(old_order, result, old_pos)
+        order, pos = placed if placed is not None else (None, None)
+        if order is None:
+            order = stable_topological_order(result.graph, old_order)
     if order is None:
         touched = _touched_old_nodes(old, result)
         order = list(incremental_schedule(old, tuple(old_order), result.graph, touched).order)
@@ -53,6 +57,65 @@ def _unplaced(result: Rewritten) -> bool:
     """Whether the rewrite added nodes and gave no hint of where they go."""
     hinted = result.order is not None or result.anchor is not None
     return bool(result.added) and not (hinted or result.placements or result.in_place_of)
+
+
+def _stable_order_around(
+    old_order: Sequence[int], result: Rewritten, pos: Mapping[int, int] | None
+) -> tuple[list[int], Mapping[int, int]] | None:
+    """`stable_topological_order(result.graph, old_order)`, sorting only the window of the old
+    order it can change, and the new order's position keys; None when an added node has no
+    user (that order puts it at the end: the whole sort gives it). The whole sort ranked the
+    42,000 nodes of a split decoder for the few a matmul merge adds: 5% of a search there.
+
+    The window: from the first old node that can follow an added or changed node, to the last
+    that must come before one (a predecessor of one, or an old node ranked below one). The old
+    nodes before it are ready first and rank lower, in their order; those after it rank higher
+    and nothing in it waits for them; inside it, Kahn's algorithm by rank, as the whole sort."""
+    graph, removed = result.graph, result.removed
+    pos = positions(old_order) if pos is None else pos
+    rank: dict[int, float] = {}
+    for n in sorted(result.added, reverse=True):  # as the whole sort: users ranked first
+        users = [r for u in graph.successors(n) if (r := rank.get(u, pos.get(u))) is not None]
+        if not users:
+            return None
+        rank[n] = min(users) - 0.5
+    changed = [n for n in result.changed if n in graph]
+    # an added node ranked r follows the old nodes at indices <= r (its id is the larger)
+    lo = min([*(math.floor(r) + 1 for r in rank.values()), *(pos[n] for n in changed)])
+    hi = max([lo - 1, *(math.floor(r) for r in rank.values())])
+    for n in [*rank, *changed]:
+        hi = max([hi, *(pos[p] for p in graph.predecessors(n) if p in pos)])
+    window = [*(n for n in old_order[lo : hi + 1] if n not in removed), *rank]
+    sorted_window = _kahn_by_rank(graph, window, lambda n: rank.get(n, pos.get(n)))
+    order = [
+        *_without(old_order[:lo], removed),
+        *sorted_window,
+        *_without(old_order[hi + 1 :], removed),
+    ]
+    # keys: the window's nodes spread over its old index range, the old indices taken out
+    span = (hi - lo + 2) / (len(sorted_window) + 1)
+    keys = {n: lo - 1 + (k + 1) * span for k, n in enumerate(sorted_window)}
+    out = [pos[n] for n in removed if n in pos and not lo <= pos[n] <= hi]
+    return order, _Ranks(_Keys(pos, keys, [*out, *range(lo, hi + 1)]))
+
+
+def _kahn_by_rank(graph: Graph, nodes: list[int], rank) -> list[int]:
+    """`nodes` in a topological order of their edges among themselves, the lowest (rank, id)
+    of the ready ones first (the whole sort's choice, rustworkx's lexicographical sort)."""
+    members = set(nodes)
+    waiting = {n: sum(1 for p in graph.predecessors(n) if p in members) for n in nodes}
+    ready = [(rank(n), n) for n in nodes if not waiting[n]]
+    heapq.heapify(ready)
+    out: list[int] = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        out.append(n)
+        for s in graph.successors(n):
+            if s in members:
+                waiting[s] -= 1
+                if not waiting[s]:
+                    heapq.heappush(ready, (rank(s), s))
+    return out
 
 
 def _touched_old_nodes(old: Graph, result: Rewritten) -> set[int]:

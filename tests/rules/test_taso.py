@@ -281,3 +281,30 @@ def test_a_merge_without_a_place_keeps_the_old_order_without_alg2(bert_tiny, mon
     assert res.graph.is_valid_schedule(placed)
     check = verify(bert_tiny, compile_program(res.graph, placed), bert_tiny.make_inputs())
     assert check.verified, rw.description
+
+
+@pytest.mark.parametrize("workload", ["bert-base:tiny", "corpus:llama:tiny"])
+def test_the_order_around_a_merge_is_the_whole_stable_sort(workload):
+    """Around a rewrite without a place (the matmul merge, the factoring and expansion of
+    products), the child's order sorts only the window the merge can change: it is the whole
+    stable topological sort's order, and its position keys are that order's indices; from the
+    program order and from other valid orders of the parent."""
+    from magis.rules import stable_topological_order
+    from magis.search import reschedule as resched
+
+    graph = workload_step(workload)[1].graph
+    orders = [graph.program_order(), graph.topological_order()]
+    checked = 0
+    for order in orders:
+        for rule in (MERGE_MATMUL, FACTOR, EXPAND):
+            for rw in rule.match(_ctx(graph, order)):
+                res = rw.build()
+                if not resched._unplaced(res):
+                    continue
+                placed = resched._stable_order_around(order, res, None)
+                assert placed is not None, rw.description
+                new_order, keys = placed
+                assert new_order == stable_topological_order(res.graph, order), rw.description
+                assert all(keys[n] == i for i, n in enumerate(new_order)), rw.description
+                checked += 1
+    assert checked >= 8
