@@ -150,21 +150,30 @@ class GraphRebuilder:
 
 def map_slots(node: Node, fn: Callable[[int, Ref], Ref]) -> tuple[tuple, dict]:
     """The node's args and kwargs with the j-th Ref occurrence (slot j) replaced by fn(j, ref)."""
-    slot = 0
+    slots = _Slots(fn)
+    args = slots.walk(node.args)
+    kwargs = {k: slots.walk(v) for k, v in node.kwargs}
+    return args, kwargs
 
-    def walk(value):
-        nonlocal slot
+
+class _Slots:
+    """`map_slots`'s walk, counting slots. A class, not a recursive closure: a closure that
+    calls itself holds its own cell, a reference cycle that kept every split node's closures
+    (620,000 objects for Phi-1.5's 8-way split) alive until a collection walked them."""
+
+    __slots__ = ("fn", "slot")
+
+    def __init__(self, fn: Callable[[int, Ref], Ref]) -> None:
+        self.fn, self.slot = fn, 0
+
+    def walk(self, value):
         if isinstance(value, Ref):
-            slot += 1
-            return fn(slot - 1, value)
+            self.slot += 1
+            return self.fn(self.slot - 1, value)
         if isinstance(value, list | tuple):
-            out = [walk(v) if isinstance(v, _NESTED) else v for v in value]
+            out = [self.walk(v) if isinstance(v, _NESTED) else v for v in value]
             return out if isinstance(value, list) else tuple(out)
         return value
-
-    args = walk(node.args)
-    kwargs = {k: walk(v) for k, v in node.kwargs}
-    return args, kwargs
 
 
 _NESTED = (Ref, list, tuple)  # what `map_slots` and `_refs` look into
