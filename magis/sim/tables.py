@@ -155,8 +155,7 @@ def _derive_tables(
     resident = smap.resident
     dropped = [_key(s) for s in changes.dropped if s not in resident]
     edited = [_key(s) for s in changes.edited if s not in resident]
-    drop = np.isin(t.keys, dropped) if dropped else np.zeros(len(t.keys), dtype=bool)
-    edit = np.isin(t.keys, edited) if edited else np.zeros(len(t.keys), dtype=bool)
+    drop, edit = _rows_with(t.keys, dropped), _rows_with(t.keys, edited)
     keep = ~drop
     row = np.cumsum(keep) - 1  # old row -> new row
     pairs = ~(drop | edit)[t.reader_storage]
@@ -194,6 +193,21 @@ def _derive_tables(
         id_bound=child.next_id,
         copy_nodes=_derive_copy_nodes(t.copy_nodes, child, added, removed),
     )
+
+
+# Keys looked for one by one below this many: each is a compare over the rows, where `np.isin`
+# sorts the rows (23,600 storages of a split decoder: 0.15 ms a child for a handful of keys).
+_FEW_KEYS = 32
+
+
+def _rows_with(keys: np.ndarray, wanted: list[int]) -> np.ndarray:
+    """A mask of the rows whose key is one of `wanted`."""
+    if len(wanted) > _FEW_KEYS:
+        return np.isin(keys, wanted)
+    mask = np.zeros(len(keys), dtype=bool)
+    for k in wanted:
+        mask |= keys == k
+    return mask
 
 
 def _derive_copy_nodes(
