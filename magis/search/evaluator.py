@@ -143,7 +143,7 @@ class Evaluator:
     def context(self, state: MState, hotspots_only: bool, objective: Objective) -> RuleContext:
         """What the rules see of `state`, with the ceiling `objective` puts on moves that give
         time back and the cost model they weigh it with."""
-        return RuleContext(
+        ctx = RuleContext(
             state.graph,
             state.order,
             state.sim,
@@ -152,6 +152,8 @@ class Evaluator:
             ceiling=objective.memory_ceiling(state),
             cost=self.cost,
         )
+        # the rules' index of the order is the one its children's rescheduling reads
+        return ctx.with_position(self.positions(state.order))
 
     def moves(
         self,

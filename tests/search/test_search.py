@@ -504,3 +504,18 @@ def test_the_min_cut_is_offered_along_a_line_of_local_rewrites_at_doubling_depth
         assert not offers_the_cut(("merge_matmul", "remat", "swap", local)), local
     assert offers_the_cut(("remat",) * 4) and offers_the_cut(("swap",) * 8)
     assert not any(offers_the_cut(("remat",) * k) for k in (5, 6, 7, 9))
+
+
+def test_the_rules_context_shares_the_evaluators_index_of_the_order():
+    """A state's rule context reads the index of its order that its children's rescheduling
+    reads (built once per state, 8 ms on a 42,000-step order), and it is that order's."""
+    from magis.search import Evaluator, initial_state
+
+    _, step = workload_step("bert-base:tiny")
+    cost = get_cost_model("rtx3090")
+    state = initial_state(step.graph, cost)
+    evaluator = Evaluator(cost, seen={state.hash.value})
+    objective = Objective(Mode.LATENCY_LIMIT, 1.1 * state.latency)
+    ctx = evaluator.context(state, True, objective)
+    assert ctx.position is evaluator.positions(state.order)
+    assert ctx.position == {n: i for i, n in enumerate(state.order)}
