@@ -20,6 +20,8 @@ from magis.rules.base import (
     node_rule,
     ordered_for,
     place_after_inputs,
+    rank_ahead_of_users,
+    sorted_by_rank,
     stable_topological_order,
 )
 from magis.rules.compact import COMPACT, DECOMPACT
@@ -78,5 +80,7 @@ __all__ = [
     "place_after_inputs",
     "prepare",
     "recompute_call",
+    "rank_ahead_of_users",
+    "sorted_by_rank",
     "stable_topological_order",
 ]

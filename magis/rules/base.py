@@ -13,7 +13,7 @@ mutations of §5.1 are not graph rewrites: they change a tree (rules/ftree_moves
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
@@ -315,9 +315,25 @@ def stable_topological_order(graph: Graph, order: Sequence[int]) -> list[int]:
     earliest old user."""
     rank: dict[int, float] = {n: float(i) for i, n in enumerate(order) if n in graph}
     for n in sorted(set(graph.nodes) - set(rank), reverse=True):
-        users = [rank[u] for u in graph.successors(n) if u in rank]
-        rank[n] = min(users) - 0.5 if users else float(len(order) + n)
-    # equal ranks (new nodes ahead of one user) go by id: ids grow in creation order
-    ranked = sorted(rank, key=lambda n: (rank[n], n))
+        ahead = rank_ahead_of_users(graph, n, rank)
+        rank[n] = float(len(order) + n) if ahead is None else ahead
+    return sorted_by_rank(graph, rank)
+
+
+def rank_ahead_of_users(graph: Graph, nid: int, rank: Mapping[int, float]) -> float | None:
+    """A new node's rank in `stable_topological_order`: just ahead of its earliest ranked user
+    (rank the later-made nodes first: they feed the earlier ones); None when none is ranked."""
+    users = [rank[u] for u in graph.successors(nid) if u in rank]
+    return min(users) - 0.5 if users else None
+
+
+def sorted_by_rank(
+    graph: Graph, rank: Mapping[int, float], nodes: Sequence[int] | None = None
+) -> list[int]:
+    """`nodes` (default: every node, all ranked) in a topological order of the edges among
+    them, the ready node of the lowest (rank, id) first: equal ranks (new nodes ahead of one
+    user) go by id, and ids grow in creation order."""
+    dag = graph.dag if nodes is None else graph.dag.subgraph([graph.rx_index(n) for n in nodes])
+    ranked = sorted(rank if nodes is None else nodes, key=lambda n: (rank[n], n))
     key = {n: f"{i:09d}" for i, n in enumerate(ranked)}
-    return list(rx.lexicographical_topological_sort(graph.dag, key=key.__getitem__))
+    return list(rx.lexicographical_topological_sort(dag, key=key.__getitem__))

@@ -13,13 +13,13 @@ best is re-ordered in full (`Evaluator.polish`).
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
+from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 
 from magis.cost import CostModel
 from magis.ir import Graph, positions
-from magis.rules import Rewritten, stable_topological_order
+from magis.rules import Rewritten, rank_ahead_of_users, sorted_by_rank, stable_topological_order
 from magis.schedule import incremental_schedule
 from magis.schedule.swaps import time_swaps
 from magis.sim import tables
@@ -74,11 +74,12 @@ def _stable_order_around(
     graph, removed = result.graph, result.removed
     pos = positions(old_order) if pos is None else pos
     rank: dict[int, float] = {}
-    for n in sorted(result.added, reverse=True):  # as the whole sort: users ranked first
-        users = [r for u in graph.successors(n) if (r := rank.get(u, pos.get(u))) is not None]
-        if not users:
+    ranked = ChainMap(rank, pos)  # the old nodes' ranks are their positions
+    for n in sorted(result.added, reverse=True):
+        ahead = rank_ahead_of_users(graph, n, ranked)
+        if ahead is None:
             return None
-        rank[n] = min(users) - 0.5
+        rank[n] = ahead
     changed = [n for n in result.changed if n in graph]
     # an added node ranked r follows the old nodes at indices <= r (its id is the larger)
     lo = min([*(math.floor(r) + 1 for r in rank.values()), *(pos[n] for n in changed)])
@@ -86,7 +87,7 @@ def _stable_order_around(
     for n in [*rank, *changed]:
         hi = max([hi, *(pos[p] for p in graph.predecessors(n) if p in pos)])
     window = [*(n for n in old_order[lo : hi + 1] if n not in removed), *rank]
-    sorted_window = _kahn_by_rank(graph, window, lambda n: rank.get(n, pos.get(n)))
+    sorted_window = sorted_by_rank(graph, ranked, window)
     order = [
         *_without(old_order[:lo], removed),
         *sorted_window,
@@ -97,25 +98,6 @@ def _stable_order_around(
     keys = {n: lo - 1 + (k + 1) * span for k, n in enumerate(sorted_window)}
     out = [pos[n] for n in removed if n in pos and not lo <= pos[n] <= hi]
     return order, _Ranks(_Keys(pos, keys, [*out, *range(lo, hi + 1)]))
-
-
-def _kahn_by_rank(graph: Graph, nodes: list[int], rank) -> list[int]:
-    """`nodes` in a topological order of their edges among themselves, the lowest (rank, id)
-    of the ready ones first (the whole sort's choice, rustworkx's lexicographical sort)."""
-    members = set(nodes)
-    waiting = {n: sum(1 for p in graph.predecessors(n) if p in members) for n in nodes}
-    ready = [(rank(n), n) for n in nodes if not waiting[n]]
-    heapq.heapify(ready)
-    out: list[int] = []
-    while ready:
-        _, n = heapq.heappop(ready)
-        out.append(n)
-        for s in graph.successors(n):
-            if s in members:
-                waiting[s] -= 1
-                if not waiting[s]:
-                    heapq.heappush(ready, (rank(s), s))
-    return out
 
 
 def _touched_old_nodes(old: Graph, result: Rewritten) -> set[int]:
