@@ -93,4 +93,5 @@ DECOMPACT = node_rule(
     accepts=_is_compaction,
     build=decompact,
     describe=lambda graph, n: f"read {graph.node(n).name}'s view again",
+    ops=(CLONE,),
 )

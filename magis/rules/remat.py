@@ -355,7 +355,7 @@ def _duplicates(graph: Graph, order, frozen) -> Iterator[tuple[int, int]]:
 
 
 def _mergeable(graph: Graph, nid: int) -> bool:
-    return recompute_call(graph, nid) is not None and not graph.info(nid).is_view
+    return not graph.info(nid).is_view and recompute_call(graph, nid) is not None
 
 
 _PENDING = object()  # a DuplicateScan group whose nodes have no key yet

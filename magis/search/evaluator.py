@@ -189,7 +189,7 @@ class Evaluator:
                     state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
                 )
             )
-        inside = replace(ctx, frozen=frozenset()) if ctx.frozen else ctx
+        inside = ctx.without_frozen()
         rules = after_local_move(rules, state.history)
         if wants_memory is not None:
             rules = ordered_for(rules, wants_memory)

@@ -10,6 +10,7 @@ from magis.backend import compile_program, verify
 from magis.capture import capture, training_step, workload_step
 from magis.cost import get_cost_model
 from magis.rules import RuleContext, place_after_inputs
+from magis.rules.compact import DECOMPACT
 from magis.rules.taso import (
     EXPAND,
     FACTOR,
@@ -29,6 +30,7 @@ from magis.sim import simulate
 
 
 def _ctx(graph, order):
+    order = graph.program_order() if order is None else order
     return RuleContext(graph, tuple(order), simulate(graph, order, get_cost_model("unit")))
 
 
@@ -100,6 +102,34 @@ def test_distributivity_both_ways():
     step = capture(lambda a, b, c: (a + b) * c, *args)
     ((res, _),) = _apply_and_verify(step, EXPAND)
     assert sum(res.graph.node(n).op == "aten.mul.Tensor" for n in res.graph.ops()) == 2
+
+
+def test_rules_that_read_only_their_ops_offer_what_reading_every_node_does(bert_tiny, monkeypatch):
+    """The node rules with `ops` and the matmul grouping read only their ops' nodes: they
+    offer the same rewrites, in the same order, as reading every node of the order does."""
+    rules = (MERGE_MATMUL, SPLIT_MATMUL, FOLD_SLICE_OF_CAT, FACTOR, EXPAND)
+    rules += (MERGE_WGRADS_OF_CAT, DECOMPACT)
+    x = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+    small = capture(
+        lambda a, b, c: (
+            (torch.cat([a, b], 1)[:, 4:8] * 2).sum()
+            + (a * c + b * c).sum()
+            + ((a + b) * c).sum()
+            + (a.t().clone() * 2).sum()
+        ),
+        *x,
+    ).graph
+    merged = next(rw.build().graph for rw in MERGE_MATMUL.match(_ctx(bert_tiny.graph, None)))
+    offered_by = set()
+    for graph in (small, bert_tiny.graph, merged):
+        order = graph.program_order()
+        narrow = {r.name: [w.description for w in r.match(_ctx(graph, order))] for r in rules}
+        with monkeypatch.context() as m:
+            m.setattr(RuleContext, "nodes_of_ops", lambda self, ops: list(self.order))
+            wide = {r.name: [w.description for w in r.match(_ctx(graph, order))] for r in rules}
+        assert narrow == wide
+        offered_by |= {name for name, found in narrow.items() if found}
+    assert offered_by >= {"merge_matmul", "split_matmul", "fold_slice_of_cat", "factor", "expand"}
 
 
 @pytest.fixture(scope="module")

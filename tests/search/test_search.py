@@ -1,5 +1,6 @@
 """The search (Alg. 3): it improves, stays valid, and its best plan runs and verifies."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -202,6 +203,35 @@ def test_continued_fission_materialization_hashes_like_a_fresh_one():
             )
             assert inc.value == full
     assert continued >= 3
+
+
+@pytest.mark.parametrize("workload", ["bert-base:tiny", "unet:tiny"])
+def test_labels_levelled_up_as_arrays_are_the_node_by_node_ones(workload, monkeypatch):
+    """Large frontiers level up as arrays (`hashing._Rows`), small ones node by node: both
+    give every node the same label at every level, in a full hash and in the incremental hash
+    of a whole-model split from its base (a frontier of most of the graph)."""
+    from magis.search import fission_moves, hashing
+
+    _, step = workload_step(workload)
+    base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    lineage = fission_moves.Lineage(base, base_order, tree, 0)
+    moves = itertools.islice(fission_moves.moves(tree), 8)
+    splits = [fission_moves.apply(lineage, build()) for _, build in moves]
+    done = max(splits, key=lambda d: len(d.materialized.touched))
+    mat = done.materialized
+    assert len(mat.touched) >= hashing.ARRAY_FRONTIER  # the split's frontier goes as arrays
+    hashes = []
+    for threshold in (1, 10**9):  # every frontier as arrays; none
+        monkeypatch.setattr(hashing, "ARRAY_FRONTIER", threshold)
+        old = hashing.wl_hash(base)
+        full = hashing.wl_hash(done.graph)
+        inc = hashing.wl_hash_incremental(old, base, done.graph, mat.touched, mat.removed)
+        assert inc.value == full.value != old.value
+        hashes.append(((base, old), (done.graph, full), (done.graph, inc)))
+    for (graph, arrays), (_, one_by_one) in zip(*hashes, strict=True):
+        assert arrays.value == one_by_one.value
+        for level_a, level_b in zip(arrays.labels, one_by_one.labels, strict=True):
+            assert all(level_a[n] == level_b[n] for n in graph.nodes)
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

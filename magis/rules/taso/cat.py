@@ -40,5 +40,6 @@ FOLD_SLICE_OF_CAT = node_rule(
     accepts=lambda graph, n: slice_of_cat(graph, n) is not None,
     build=fold_slice_of_cat,
     describe=lambda graph, n: f"fold {graph.node(n).name}",
+    ops=(SLICE,),
 )
 RULES = (FOLD_SLICE_OF_CAT,)

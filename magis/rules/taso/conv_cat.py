@@ -316,7 +316,7 @@ def merge_wgrads_of_cat(graph: Graph, nid: int) -> Rewritten:
 
 
 def _sliced_weight_convs(ctx: RuleContext) -> list[list[int]]:
-    return sliced_weight_convs(ctx.graph, ctx.order, ctx.frozen)
+    return sliced_weight_convs(ctx.graph, ctx.nodes_of(CONVOLUTION), ctx.frozen)
 
 
 SPLIT_CONV_OUTPUT = node_rule(
@@ -350,5 +350,6 @@ MERGE_WGRADS_OF_CAT = node_rule(
     accepts=lambda graph, n: cat_of_wgrads(graph, n) is not None,
     build=merge_wgrads_of_cat,
     describe=lambda graph, n: f"merge the weight gradients of {graph.node(n).name}",
+    ops=(CAT,),
 )
 RULES = (SPLIT_CONV_OUTPUT, MERGE_CONV_OUTPUT, SPLIT_WGRAD_OF_CAT, MERGE_WGRADS_OF_CAT)

@@ -93,11 +93,13 @@ FACTOR = node_rule(
     RuleKind.TASO,
     accepts=lambda graph, n: distributable(graph, n) is not None,
     build=factor,
+    ops=(ADD,),
 )
 EXPAND = node_rule(
     "expand",
     RuleKind.TASO,
     accepts=lambda graph, n: expandable(graph, n) is not None,
     build=expand,
+    ops=(MUL,),
 )
 RULES = (FACTOR, EXPAND)

@@ -52,7 +52,7 @@ def parallel_groups(ctx: RuleContext) -> Iterator[tuple[str, list[int]]]:
     graph = ctx.graph
     by_left: dict[tuple, list[int]] = defaultdict(list)
     by_right: dict[tuple, list[int]] = defaultdict(list)
-    for nid in ctx.order:
+    for nid in ctx.nodes_of_ops((MM, ADDMM)):
         node = graph.node(nid)
         if node.op not in (MM, ADDMM) or nid in ctx.frozen or not _addmm_is_plain(graph, nid):
             continue
@@ -63,8 +63,7 @@ def parallel_groups(ctx: RuleContext) -> Iterator[tuple[str, list[int]]]:
             by_right[(kind, canonical(graph, right), graph.meta(left).shape)].append(nid)
     groups = [("left", g) for g in by_left.values() if len(g) > 1]
     groups += [("right", g) for g in by_right.values() if len(g) > 1]
-    position = {nid: i for i, nid in enumerate(ctx.order)}
-    groups = [(side, _independent(graph, g, position)) for side, g in groups]
+    groups = [(side, _independent(graph, g, ctx.position)) for side, g in groups]
     groups = [(side, g) for side, g in groups if len(g) > 1]
     groups.sort(key=lambda kg: -len(kg[1]))
     yield from groups
@@ -228,5 +227,6 @@ SPLIT_MATMUL = node_rule(
     accepts=is_merged_matmul,
     build=split_matmul,
     describe=lambda graph, n: f"split {graph.node(n).name}",
+    ops=(MM, ADDMM),
 )
 RULES = (MERGE_MATMUL, SPLIT_MATMUL)
