@@ -173,7 +173,9 @@ def find_plan(
     with search_pace():  # the peers' warm starts allocate as the search does
         # workers boot (import torch, unpickle the cost model) while the peers run
         started = (
-            start_search_workers(setup.cost, options, setup.objective) if workers > 1 else None
+            start_search_workers(setup.cost, options, setup.objective, setup.step.graph)
+            if workers > 1
+            else None
         )
         warm = []
         try:

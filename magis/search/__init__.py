@@ -3,12 +3,12 @@
 from magis.search.budget import Budget
 from magis.search.collector import search_pace
 from magis.search.evaluator import Evaluator, SearchStats, simulate_state
+from magis.search.initial import initial_state
 from magis.search.optimizer import (
     Improvement,
     SearchResult,
     WarmStart,
     default_rules,
-    initial_state,
     optimize_graph,
     start_search_workers,
 )

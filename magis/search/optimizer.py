@@ -20,7 +20,6 @@ in `queue.py`.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -40,14 +39,14 @@ from magis.rules import (
     TASO_RULES,
     Rule,
 )
-from magis.schedule import schedule
 from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.collector import search_pace
 from magis.search.decisions import Decision
-from magis.search.evaluator import Evaluator, SearchStats, simulate_state
+from magis.search.evaluator import Evaluator, SearchStats
 from magis.search.hashing import wl_hash
-from magis.search.options import MemoryFigure, SearchOptions
+from magis.search.initial import search_start
+from magis.search.options import SearchOptions
 from magis.search.queue import WARM_START_PREFIX, QueueOrder, SearchQueue
 from magis.search.state import MState, Objective
 
@@ -118,35 +117,15 @@ class SearchResult:
         return self.objective.satisfied(self.best)
 
 
-def start_search_workers(cost: CostModel, options: SearchOptions, objective: Objective) -> Any:
+def start_search_workers(
+    cost: CostModel, options: SearchOptions, objective: Objective, graph: Graph | None = None
+) -> Any:
     """The `options.workers` worker processes (or Ray actors) of a search with these options
     (`magis.search.parallel`), booting from now on; hand them to `optimize_graph`. They
-    order each state's moves by what `objective` needs, as the serial search does."""
-    return parallel.start_workers((cost, options, search_rules(options), objective), options)
-
-
-def initial_state(
-    graph: Graph,
-    cost: CostModel,
-    fission: bool = True,
-    figure: MemoryFigure = MemoryFigure.THEORETICAL,
-    max_level: int = 4,
-    naive_fission_seed: int | None = None,
-    order: Sequence[int] | None = None,
-) -> MState:
-    """The graph scheduled by the DP scheduler (re-ordering costs no time: MAGIS §5.2), or in
-    `order` when given, with its F-Tree (Analyze, Alg. 1) when `fission` is on."""
-    order = tuple(schedule(graph, "dp").order if order is None else order)
-    state = MState(graph, order, simulate_state(graph, order, cost, figure), wl_hash(graph))
-    analysis = (
-        fission_moves.analyze(graph, list(order), max_level, naive_fission_seed)
-        if fission
-        else None
-    )
-    if analysis is None:
-        return state
-    base, base_order, tree = analysis
-    return replace(state, fission=fission_moves.Lineage(base, base_order, tree, epoch=0))
+    order each state's moves by what `objective` needs, as the serial search does. With
+    `graph` (the step that search will run on), the first of them builds the initial state
+    meanwhile (`magis.search.initial`)."""
+    return parallel.start_workers((cost, options, search_rules(options), objective), options, graph)
 
 
 def optimize_graph(
@@ -173,7 +152,7 @@ def optimize_graph(
     are started here."""
     options = options if options is not None else SearchOptions()
     if workers is None and options.workers > 1:
-        workers = start_search_workers(cost, options, objective)
+        workers = start_search_workers(cost, options, objective, graph)
     with search_pace() as settle:
         search = _Search.start(graph, cost, objective, options, on_improvement, workers)
         search.settle = settle
@@ -214,24 +193,18 @@ class _Search:
     workers: Any = None  # `parallel.start_workers`, when options.workers > 1
     pool: Any = None  # `parallel.ParallelChildren` over them, from the first expansion
     settle: Callable[[], None] = lambda: None  # after each child built here (`search_pace`)
+    initial_in_worker: bool = False  # the initial state was built, and is held, by worker 0
 
     @staticmethod
     def start(graph, cost, objective, options, on_improvement, workers) -> _Search:
         budget = Budget(options.time_budget, options.max_states)
-        dp_start = time.perf_counter()
-        dp_order = schedule(graph, "dp").order
-        budget.polish = PolishCost(time.perf_counter() - dp_start, len(graph), options.time_budget)
-        init_start = time.perf_counter()
-        init = initial_state(
-            graph,
-            cost,
-            options.fission,
-            options.memory_figure,
-            options.max_level,
-            options.naive_fission_seed,
-            dp_order,
-        )
-        init_seconds = time.perf_counter() - init_start  # mostly the initial analysis
+        begun = parallel.initial_from_worker(workers, cost)  # built while the peers ran
+        held = begun is not None
+        if begun is None:
+            begun = search_start(graph, cost, options)
+        init = begun.state
+        budget.polish = PolishCost(begun.dp_seconds, len(graph), options.time_budget)
+        init_seconds = begun.seconds  # mostly the initial analysis
         evaluator = Evaluator(cost, options.memory_figure, seen={init.hash.value})
         ranking = QueueOrder(objective, init.latency, options.delta)
         ranking.observe(init, 0.0)
@@ -256,6 +229,7 @@ class _Search:
             on_improvement,
             [Improvement(0.0, init.memory, init.latency, "initial")],
             workers,
+            initial_in_worker=held,
         )
 
     @property

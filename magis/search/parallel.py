@@ -30,7 +30,9 @@ from typing import Any
 
 from magis.cost import CostModel
 from magis.errors import deferred_interrupt
+from magis.ir import Graph
 from magis.search.evaluator import Evaluator
+from magis.search.initial import INITIAL_SID, SearchStart
 from magis.search.pickling import dumps, loads
 from magis.search.state import MState
 from magis.search.workers import (
@@ -156,6 +158,11 @@ class ParallelChildren:
             self.entries[sid] = _Entry(set(), state=state)
             self.sid_of[id(state)] = sid
         return sid
+
+    def held(self, sid: Sid, state: MState, wid: int) -> None:
+        """Worker `wid` holds `state` (the main process's copy) as `sid`."""
+        self.entries[sid] = _Entry({wid}, state=state)
+        self.sid_of[id(state)] = sid
 
     def materialize(self, summary: Summary) -> MState:
         """The child itself, fetched from the worker that built it."""
@@ -344,13 +351,30 @@ class ParallelChildren:
         self.transport.close()
 
 
-def start_workers(search_setup: tuple, options) -> Any:
+def start_workers(search_setup: tuple, options, graph: Graph | None = None) -> Any:
     """The worker processes (or Ray actors) of a search, started before its initial analysis
-    so that they boot meanwhile; `search_setup`: (cost model, options, rules)."""
+    so that they boot meanwhile; `search_setup`: (cost model, options, rules). With `graph`,
+    the first worker builds the search's initial state as soon as it boots (`magis.search.
+    initial`), and keeps it."""
     setup = dumps(search_setup)
+    first = None if graph is None else (0, "initial", dumps(graph))
     if options.ray is not None:
-        return start_ray_workers(options.workers, setup, options.ray)
-    return start_local_workers(options.workers, setup)
+        workers = start_ray_workers(options.workers, setup, options.ray)
+        if first is not None:
+            workers.submit(*first)
+    else:
+        workers = start_local_workers(options.workers, setup, first)
+    workers.initial_from = None if first is None else first[0]
+    return workers
+
+
+def initial_from_worker(workers: Any, cost: CostModel) -> SearchStart | None:
+    """The initial state the first worker built (`start_workers` with a graph), or None."""
+    wid = None if workers is None else workers.initial_from
+    if wid is None:
+        return None
+    workers.initial_from = None
+    return loads(workers.answer(wid), cost)
 
 
 def pool_of(search) -> ParallelChildren:
@@ -359,6 +383,8 @@ def pool_of(search) -> ParallelChildren:
         search.pool = ParallelChildren.start(
             search.workers, search.options.workers, search.evaluator
         )
+        if search.initial_in_worker:
+            search.pool.held(INITIAL_SID, search.initial, 0)
     return search.pool
 
 

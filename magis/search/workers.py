@@ -24,10 +24,12 @@ from magis.errors import MagisError
 from magis.search.collector import worker_pace
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
+from magis.search.initial import INITIAL_SID, search_start
 from magis.search.pickling import dumps, loads
 from magis.search.state import MState, Objective
 
 Sid = tuple[int, int]  # a state's id: (the worker that built it, or -1 for the main, a count)
+Call = tuple[int, str, Any]  # (worker, method, argument)
 
 
 class RayMissingError(MagisError):
@@ -160,6 +162,7 @@ class ChildWorker:
         self.wid = wid
         self.rules = rules
         self.objective = objective
+        self.options = options
         self.hotspots_only = options.hotspots_only
         self.evaluator = _MirrorEvaluator(cost, options.memory_figure, seen_trees=_TreeKeys())
         self.states: dict[Sid, MState] = {}
@@ -248,6 +251,13 @@ class ChildWorker:
     def state(self, sid: Sid) -> bytes:
         return dumps(self.states[sid], cost=self.evaluator.cost)
 
+    def initial(self, graph: bytes) -> bytes:
+        """The search's initial state (`initial.search_start`), built here and kept as
+        `INITIAL_SID`, pickled for the main process."""
+        start = search_start(loads(graph), self.evaluator.cost, self.options)
+        self.states[INITIAL_SID] = start.state
+        return dumps(start, cost=self.evaluator.cost)
+
     def hotspot_key(self, sid: Sid) -> frozenset:
         return hotspot_key(self.states[sid].sim.hotspots)
 
@@ -304,9 +314,10 @@ class UnguardedMainError(MagisError):
     """A search with workers was started by a worker process while it started up."""
 
 
-def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
+def start_local_workers(n: int, setup: bytes, first: Call | None = None) -> LocalWorkers:
     """`n` worker processes on this machine, forked from a clean forkserver process (forking
-    one that has run torch is unsafe), or spawned where there is none."""
+    one that has run torch is unsafe), or spawned where there is none. `first`: a call made
+    as soon as they start, while the caller goes on (its answer is `LocalWorkers.answer`)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # A worker runs the caller's script again as it starts (Python's forkserver and spawn
         # do): unguarded, that script's search would start workers of its own, and both wait.
@@ -330,16 +341,19 @@ def start_local_workers(n: int, setup: bytes) -> LocalWorkers:
     # Starting the first one waits for the server to import torch (about 1.3 s): a thread
     # does it while the caller goes on (the warm starts run meanwhile).
     workers = LocalWorkers(conns, processes)
-    workers.starting = threading.Thread(target=_start_all, args=(workers, ends), daemon=True)
+    workers.starting = threading.Thread(target=_start_all, args=(workers, ends, first), daemon=True)
     workers.starting.start()
     return workers
 
 
-def _start_all(workers: LocalWorkers, ends: list[Connection]) -> None:
+def _start_all(workers: LocalWorkers, ends: list[Connection], first: Call | None) -> None:
     try:
         for p, theirs in zip(workers.processes, ends, strict=True):
             p.start()
             theirs.close()
+        if first is not None:  # the worker reads it once booted
+            wid, method, arg = first
+            workers.conns[wid].send((method, arg))
     except Exception as exc:  # noqa: BLE001 - the main process raises it at its next call
         # The forkserver runs the caller's script too: an unguarded one ends it, and a
         # worker's start then meets a broken pipe.
@@ -355,6 +369,7 @@ class LocalWorkers:
     starting: threading.Thread | None = None
     start_error: Exception | None = None  # what ended `starting`, if anything did
     ready: set[int] = field(default_factory=set)  # the workers that said they booted
+    initial_from: int | None = None  # the worker building the initial state (`parallel`)
 
     def _started(self) -> None:
         if self.starting is not None:
@@ -386,6 +401,11 @@ class LocalWorkers:
         self.processes[wid].join(timeout=1)
         code = self.processes[wid].exitcode
         return WorkerError(f"worker {wid} exited (code {code}); its error, if any, is above")
+
+    def answer(self, wid: int) -> Any:
+        """The answer of worker `wid` to the one call it was given (the `first` call)."""
+        self._started()
+        return self.next_reply({wid})[1]
 
     def next_reply(self, busy: set[int]) -> tuple[int, Any]:
         while True:
@@ -432,9 +452,14 @@ class RayWorkers:
     actors: list
     started: bool
     pending: dict = field(default_factory=dict)  # object reference -> worker
+    initial_from: int | None = None  # the worker building the initial state (`parallel`)
 
     def submit(self, wid: int, method: str, arg: Any) -> None:
         self.pending[getattr(self.actors[wid], method).remote(arg)] = wid
+
+    def answer(self, wid: int) -> Any:
+        """The answer of worker `wid` to the one call it was given."""
+        return self.next_reply({wid})[1]
 
     def next_reply(self, busy: set[int]) -> tuple[int, Any]:
         ready, _ = self.ray.wait(list(self.pending), num_returns=1)

@@ -14,9 +14,16 @@ from magis.rules import MINCUT_REMAT, REMAT, SWAP, RuleContext, RuleKind
 from magis.rules.mincut_remat import PENALTIES, TAG, min_cut
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
-from magis.search import Mode, Objective, SearchOptions, fission_moves, optimize_graph
+from magis.search import (
+    Mode,
+    Objective,
+    SearchOptions,
+    default_rules,
+    fission_moves,
+    initial_state,
+    optimize_graph,
+)
 from magis.search.hashing import wl_hash, wl_hash_incremental
-from magis.search.optimizer import default_rules, initial_state
 from magis.search.reschedule import order_without_solving
 from magis.sim import simulate
 

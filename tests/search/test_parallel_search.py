@@ -175,6 +175,46 @@ def test_under_a_time_budget_each_worker_expands_states_of_its_own():
     assert simulate(result.best.graph, result.best.order, cost).peak_bytes == result.best.memory
 
 
+def test_the_first_worker_builds_the_initial_state_the_main_process_would(monkeypatch):
+    """Started with the step's graph, the first worker builds the initial state while the
+    main process does other work (the warm starts): the same schedule, simulation, hash and
+    F-Tree as the main process builds. A search on those workers starts from the state that
+    worker holds: its first pop goes to that worker, without the state's bytes."""
+    from magis.search import parallel, start_search_workers
+    from magis.search.initial import INITIAL_SID, search_start
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    base = simulate(graph, graph.program_order(), cost)
+    objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
+    options = SearchOptions(time_budget=8, workers=2)
+    workers = start_search_workers(cost, options, objective, graph)
+    try:
+        built = parallel.initial_from_worker(workers, cost).state
+        assert parallel.initial_from_worker(workers, cost) is None  # one answer, taken once
+    finally:
+        workers.close()
+    here = search_start(graph, cost, options).state
+    assert (built.order, built.hash.value) == (here.order, here.hash.value)
+    assert (built.memory, built.latency) == (here.memory, here.latency)
+    assert [(x.ftrans, x.enabled) for x in built.fission.tree.nodes] == [
+        (x.ftrans, x.enabled) for x in here.fission.tree.nodes
+    ]
+
+    submitted = []  # (state, whether the worker it went to held it)
+    submit = parallel.ParallelChildren.submit
+
+    def recording(pool, wid, moves, index, batch=None):
+        submitted.append((moves.sid, wid in pool.entries[moves.sid].holders))
+        return submit(pool, wid, moves, index, batch)
+
+    monkeypatch.setattr(parallel.ParallelChildren, "submit", recording)
+    workers = start_search_workers(cost, options, objective, graph)
+    result = optimize_graph(graph, cost, objective, options, workers=workers)
+    assert result.stats.states_explored > 10
+    assert result.initial.hash.value == here.hash.value
+    assert submitted[0] == (INITIAL_SID, True)  # the first pop went where the state was
+
+
 def test_a_rewrite_that_raises_is_dropped_counted_and_warned_about(monkeypatch):
     """One broken child must not end a user's search (`Evaluator.failed`): the child is
     skipped, counted per rule, and a MagisWarning names the rule and the error."""

@@ -326,8 +326,7 @@ def test_reanalysis_splits_hot_entries_and_its_plans_verify():
     """Re-analysis (Alg. 3's F-Tree rebuild on a later state) keeps the state's schedule and
     offers hot dominators split together with their sub-graph; such splits execute and match
     eager PyTorch."""
-    from magis.search import fission_moves
-    from magis.search.optimizer import initial_state
+    from magis.search import fission_moves, initial_state
 
     _, step = workload_step("unet:tiny", dtype=torch.float64)
     cost = get_cost_model("rtx3090")
