@@ -10,7 +10,7 @@ paper's search time (Fig. 15); this is why it is incremental here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
 
@@ -156,10 +156,6 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return prefix[ends] - prefix[ends - counts]
 
 
-def _words(values: Iterable[int], count: int) -> np.ndarray:
-    return np.fromiter(values, dtype=np.uint64, count=count)
-
-
 class _Rows:
     """Nodes levelled up as arrays (`_level_up` of each, the same labels): their inputs and
     users read once as positions in `among` (the rows first, then every node they read), for
@@ -170,6 +166,7 @@ class _Rows:
         users = [graph.successors(n) for n in rows]
         refs = [r for rs in inputs for r in rs]
         self.in_counts = np.fromiter(map(len, inputs), dtype=np.int64, count=len(rows))
+        self.counted = np.uint64(_COUNT) * self.in_counts.astype(np.uint64)  # every level's
         self.user_counts = np.fromiter(map(len, users), dtype=np.int64, count=len(rows))
         read = np.fromiter((r.node for r in refs), dtype=np.int64, count=len(refs))
         used = np.fromiter(chain.from_iterable(users), dtype=np.int64, count=-1)
@@ -189,24 +186,23 @@ class _Rows:
 
     def level_up(self, prev) -> list[int]:
         """The rows' next labels, `prev` (node -> label) holding every node of `among`."""
-        labels = _words((prev[n] for n in self.among), len(self.among))
-        n = len(self.rows)
-        total = labels[:n] + np.uint64(_COUNT) * self.in_counts.astype(np.uint64)
+        labels = np.fromiter((prev[n] for n in self.among), dtype=np.uint64, count=len(self.among))
+        total = labels[: len(self.rows)] + self.counted
         total += _segment_sums(_mix_array(labels[self.in_at] + self.salts), self.in_counts)
         users = _mix_array(labels[self.user_at] ^ np.uint64(_USER))
         total += _segment_sums(users, self.user_counts)
         return _mix_array(total).tolist()
 
 
-def _level(graph: Graph, prev, nodes: list[int], rows: _Rows | None) -> dict[int, int]:
-    """Node -> next label for `nodes`: as arrays where `rows` holds them, else node by node."""
+def _level(graph: Graph, prev, nodes: Collection[int], rows: _Rows | None) -> dict[int, int]:
+    """Node -> next label for `nodes` (all of `rows`' rows, or a set of some of them): as
+    arrays where `rows` holds them, else node by node."""
     if rows is None:
         return {n: _level_up(graph, prev, n) for n in nodes}
     labels = rows.level_up(prev)
     if len(nodes) == len(rows.rows):
         return dict(zip(rows.rows, labels, strict=True))
-    wanted = set(nodes)
-    return {n: x for n, x in zip(rows.rows, labels, strict=True) if n in wanted}
+    return {n: x for n, x in zip(rows.rows, labels, strict=True) if n in nodes}
 
 
 _HASH: DerivedKey[GraphHash] = DerivedKey("search.wl_hash")
@@ -290,7 +286,7 @@ def wl_hash_incremental(
     widest = frontiers[-1]
     rows = _Rows(graph, list(widest)) if len(widest) >= ARRAY_FRONTIER else None
     for level, frontier in enumerate(frontiers, 1):
-        changes = _level(graph, labels[-1].readable(), list(frontier), rows)
+        changes = _level(graph, labels[-1].readable(), frontier, rows)
         labels.append(old.labels[level].updated({**gone, **changes}))
     frontier = widest
     last = old.labels[-1]
