@@ -56,6 +56,11 @@ class Budget:
         reserve = self.polish.reserve(best_nodes) if self.polish is not None else 0.0
         return self.elapsed() >= self.seconds - reserve
 
+    def over(self) -> bool:
+        """Whether the whole budget is spent, the final re-ordering's reserve included: a
+        search whose best a worker re-orders meanwhile explores until then."""
+        return self.elapsed() >= self.seconds
+
     def progress(self, states: int) -> float:
         """Share of the budget used: by states when bounded by them (reproducible)."""
         if self.max_states is not None:

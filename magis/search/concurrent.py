@@ -53,8 +53,11 @@ def run(search) -> None:
     """Pop and expand until the budget is spent or nothing is left to expand."""
     pool = pool_of(search)
     jobs: dict[int, _Job] = {}
-    while not search.out_of_budget():
+    while not _over(search, pool, jobs):
         _start_jobs(search, pool, jobs)
+        if not jobs and pool.reordering_workers():  # what is left is the re-ordering's
+            pool.wait_for_reordering()
+            continue
         if not jobs:
             return
         for wid, job in jobs.items():  # each job's worker at work, or its outcome ready
@@ -65,13 +68,45 @@ def run(search) -> None:
             del jobs[wid]
 
 
+def _over(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool:
+    """Whether the search is over. Once only the final re-ordering's reserve is left
+    (`budget.PolishCost`), the worker that holds the best re-orders it while the others go
+    on exploring until the budget's end: on corpus:phi's 42,000-node best, 7 s of a 60 s
+    search in which both workers waited for the main process. Where no worker holds the
+    best, the search ends there and re-orders it itself, as the serial search does."""
+    if not search.out_of_budget():
+        return False
+    if pool.reordering is None and not _reorder_best(search, pool, jobs):
+        return True
+    return search.budget.over()
+
+
+def _reorder_best(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool:
+    """Have the best's worker re-order it (its job, if any, goes back to the queue); False
+    when no worker holds the best or its re-ordering is not affordable."""
+    best = search.best
+    if not isinstance(best, Summary) or not search.budget.polish.affordable(best.nodes):
+        return False
+    holders = pool.holders(best.sid)
+    if not holders:
+        return False
+    job = jobs.pop(min(holders), None)
+    if job is not None:
+        search.queue.push(job.state, job.moves)
+    pool.reorder(best.sid)
+    return True
+
+
 def _start_jobs(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> None:
     """Give every idle worker a popped state, one it holds where the queue's next few have one."""
     while search.queue:
         idle = [w for w in range(pool.n) if w not in jobs and w not in pool.busy]
         if not idle:
             return
-        wid, state, moves = _pop_for(search, pool, idle)
+        popped = _pop_for(search, pool, idle)
+        if popped is None:
+            return
+        wid, state, moves = popped
         if moves is None:
             state = reanalysed(search, pool, state)  # waits on the state's worker if busy
             moves = PendingMoves(pool.sid_for(state), state.nodes)
@@ -96,7 +131,9 @@ def _pop_for(search, pool: ParallelChildren, idle: list[int]):
             break
         popped.append((state, moves))
     if chosen is None:
-        chosen = (idle[0], *popped.pop(0))
+        movable = [i for i, (s, _) in enumerate(popped) if pool.reachable(s.sid)]
+        if movable:
+            chosen = (idle[0], *popped.pop(movable[0]))
     for state, moves in popped:
         search.queue.push(state, moves)
     return chosen

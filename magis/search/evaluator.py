@@ -75,8 +75,10 @@ class SearchStats:
             "schedule": 0.0,
             "simulate": 0.0,
             "hash": 0.0,
-            # The final full re-ordering of the best (`polish`, once, in the main process):
-            # apart, so that a search's states per second are also read over its exploration.
+            # The final full re-ordering of the best (`polish`, once) in the main process,
+            # while the search waits: apart, so that a search's states per second are also
+            # read over its exploration. ("polish_in_worker": the same, run by a worker
+            # while the others explore, `ParallelChildren.reorder`.)
             "polish": 0.0,
         }
     )
@@ -399,6 +401,19 @@ class Evaluator:
             return state
         order = tuple(order)
         return replace(state, order=order, sim=self.simulate(state.graph, order, True))
+
+    def reordered(
+        self, state: MState, objective: Objective, affordable: bool
+    ) -> tuple[MState, bool]:
+        """The search's last step on its best state: the better of the state and its full
+        re-ordering (`polish`, when `affordable`), simulated with the report's detail (the
+        peak's breakdown); True when the re-ordering won (its decision recorded)."""
+        polished = self.polish(state) if affordable else state
+        if polished is not state and objective.better(polished, state):
+            reorder = Decision.reorder("reschedule", state.sim, polished.sim)
+            return replace(polished, decisions=(*state.decisions, reorder)), True
+        # states are simulated without the report's detail
+        return replace(state, sim=self.simulate(state.graph, state.order, True)), False
 
 
 def full_schedule(graph: Graph, cost: CostModel) -> list[int]:

@@ -338,34 +338,39 @@ class _Search:
 
     def finish(self, interrupted: bool, before_polish=None) -> SearchResult:
         """The best state after one full re-ordering (kept if better, and if affordable), with
-        the detailed simulation reports read (the peak's breakdown by category)."""
-        best = self.best = parallel.whole(self, self.best)
-        if before_polish is not None:
-            before_polish(
-                SearchResult(
-                    self.initial,
-                    best,
-                    self.objective,
-                    self.stats,
-                    tuple(self.improvements),
-                    self.budget.elapsed(),
-                    interrupted,
-                )
-            )
-        polished = (
-            self.evaluator.polish(best) if self.budget.polish.affordable(best.nodes) else best
-        )
-        if self.objective.better(polished, best):
-            reorder = Decision.reorder("reschedule", best.sim, polished.sim)
-            self.best = replace(polished, decisions=(*best.decisions, reorder))
-            self.improvements.append(
-                Improvement(self.budget.elapsed(), polished.memory, polished.latency, "reschedule")
-            )
-        else:  # states are simulated without the report's detail
-            self.best = replace(best, sim=self.evaluator.simulate(best.graph, best.order, True))
+        the detailed simulation reports read (the peak's breakdown by category). Where a
+        worker has re-ordered the best (`concurrent.run`), that re-ordering competes with any
+        state found best since."""
+        done = parallel.reordered_in_worker(self)
+        if done is not None:
+            final, won = self._against_later_best(*done)
+        else:
+            best = self.best = parallel.whole(self, self.best)
+            if before_polish is not None:
+                before_polish(self._result(best, interrupted))
+            affordable = self.budget.polish.affordable(best.nodes)
+            final, won = self.evaluator.reordered(best, self.objective, affordable)
+        self.best = final
+        if won:
+            imp = Improvement(self.budget.elapsed(), final.memory, final.latency, "reschedule")
+            self.improvements.append(imp)
+        return self._result(final, interrupted)
+
+    def _against_later_best(self, reordered: MState, won: bool, sid) -> tuple[MState, bool]:
+        """A worker's re-ordering of a state that was the best, against the best now: the
+        search went on while it ran, and may have found a better state."""
+        if sid == parallel.sid_of(self, self.best):
+            return reordered, won
+        later = parallel.whole(self, self.best)
+        later, _ = self.evaluator.reordered(later, self.objective, False)
+        if self.objective.better(reordered, later):
+            return reordered, won
+        return later, False
+
+    def _result(self, best: MState, interrupted: bool) -> SearchResult:
         return SearchResult(
             self.initial,
-            self.best,
+            best,
             self.objective,
             self.stats,
             tuple(self.improvements),

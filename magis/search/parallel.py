@@ -117,6 +117,18 @@ class _Entry:
 
 
 _SYNC = None  # `busy` value of a worker answering a direct call
+_REORDER = "reorder"  # ... of the worker re-ordering the best
+
+
+@dataclass
+class _Reordering:
+    """The final full re-ordering of the best state, run by the worker holding it while the
+    others go on exploring (`ParallelChildren.reorder`): its answer once back."""
+
+    sid: Sid
+    wid: int
+    submitted: bool = False
+    answer: bytes | None = None
 
 
 @dataclass
@@ -137,6 +149,7 @@ class ParallelChildren:
     pinned_released: bool = False
     transfer: _TransferCost = field(default_factory=lambda: _TransferCost())
     cost: CostModel | None = None  # the search's: states travel with it by name
+    reordering: _Reordering | None = None
 
     @staticmethod
     def start(transport: Any, n: int, ev: Evaluator) -> ParallelChildren:
@@ -196,7 +209,7 @@ class ParallelChildren:
     def _blob(self, sid: Sid, nodes: int) -> bytes:
         entry = self.entries[sid]
         if entry.blob is None:
-            holder = None if entry.state is not None else min(entry.holders)
+            holder = None if entry.state is not None else self._free_holder(entry.holders)
             while holder in self.busy:  # not timed: the holder finishes a move first
                 self.collect()
             start = time.perf_counter()
@@ -206,6 +219,48 @@ class ParallelChildren:
                 entry.blob = self._call(holder, "state", sid)
             self.transfer.observe_dump(time.perf_counter() - start, nodes)
         return entry.blob
+
+    def _free_holder(self, holders: set[int]) -> int:
+        """The holder to ask for a state's bytes: one not busy re-ordering the best if any."""
+        free = holders - self.reordering_workers()
+        return min(free or holders)
+
+    def reordering_workers(self) -> set[int]:
+        """The worker re-ordering the best, until its answer is back."""
+        r = self.reordering
+        return {r.wid} if r is not None and r.answer is None else set()
+
+    def reachable(self, sid: Sid) -> bool:
+        """Whether a worker can take state `sid` now: the main process has it, or a worker
+        that is not re-ordering the best holds it."""
+        holders = self.holders(sid)
+        return not holders or bool(holders - self.reordering_workers())
+
+    def reorder(self, sid: Sid) -> None:
+        """Re-order state `sid` in full (`Evaluator.reordered`) in its worker, as soon as that
+        worker is done with the moves it is evaluating; the answer is `reordered()`."""
+        self.reordering = _Reordering(sid, min(self.entries[sid].holders))
+        self._submit_reordering()
+
+    def _submit_reordering(self) -> None:
+        r = self.reordering
+        if r is None or r.submitted or r.wid in self.busy:
+            return
+        with deferred_interrupt():
+            self.transport.submit(r.wid, "reorder", r.sid)
+            self.busy[r.wid] = _REORDER
+            r.submitted = True
+
+    def wait_for_reordering(self) -> None:
+        """Until the worker re-ordering the best has answered (others' outcomes are kept)."""
+        while self.reordering is not None and self.reordering.answer is None:
+            self.collect()
+
+    def reordered(self) -> tuple[MState, bool, float]:
+        """The re-ordering's answer (the better of the state and its re-ordering, simulated
+        in detail; whether the re-ordering won; its seconds in the worker)."""
+        self.wait_for_reordering()
+        return loads(self.reordering.answer, self.cost)
 
     def holders(self, sid: Sid) -> set[int]:
         """The workers that hold state `sid`."""
@@ -296,10 +351,13 @@ class ParallelChildren:
         with deferred_interrupt():
             wid, value = self.transport.next_reply(set(self.busy))
             job = self.busy.pop(wid)
-        if job is not _SYNC:
+            if job is _REORDER:  # kept before a deferred Ctrl-C is raised
+                self.reordering.answer = value
+        if job is not _SYNC and job is not _REORDER:
             moves, _ = job
             for out in value:
                 self._keep(moves, out)
+        self._submit_reordering()  # its worker may have just finished a batch
         return wid, value
 
     def _keep(self, moves: PendingMoves, out: Outcome) -> None:
@@ -394,6 +452,29 @@ def whole(search, state: MState | Summary) -> MState:
     if isinstance(state, MState):
         return state
     return pool_of(search).materialize(state)
+
+
+def reordered_in_worker(search) -> tuple[MState, bool, Sid] | None:
+    """The worker's re-ordering of a state that was the best (`ParallelChildren.reorder`),
+    waited for if it is still running: (the better of the state and its re-ordering, whether
+    the re-ordering won, the state's id), or None if no worker was asked. Ctrl-C waits until
+    it is back (at most the reserve `budget.PolishCost` made for it)."""
+    pool = search.pool
+    if pool is None or pool.reordering is None:
+        return None
+    while True:
+        try:
+            final, won, seconds = pool.reordered()
+            break
+        except KeyboardInterrupt:  # the search is ending anyway: a few seconds more
+            continue
+    search.stats.breakdown["polish_in_worker"] = seconds
+    return final, won, pool.reordering.sid
+
+
+def sid_of(search, state: MState | Summary) -> Sid:
+    """The state's id in the search's pool of workers."""
+    return pool_of(search).sid_for(state)
 
 
 def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:

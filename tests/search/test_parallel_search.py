@@ -175,6 +175,51 @@ def test_under_a_time_budget_each_worker_expands_states_of_its_own():
     assert simulate(result.best.graph, result.best.order, cost).peak_bytes == result.best.memory
 
 
+def test_the_best_is_reordered_in_its_worker_while_the_search_goes_on(monkeypatch):
+    """Once only the final re-ordering's reserve is left, the worker holding the best
+    re-orders it and the search goes on recording states until the budget's end (the
+    re-ordering is made to look costly, so that its reserve is a quarter of the budget). What
+    the worker returns is what the main process makes of that state: the better of the state
+    and its re-ordering, simulated in detail; the plan is the better of it and any later best."""
+    from magis.search import parallel, start_search_workers
+    from magis.search.budget import PolishCost
+    from magis.search.evaluator import Evaluator
+    from magis.search.pickling import loads
+
+    graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
+    base = simulate(graph, graph.program_order(), cost)
+    objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
+    options = SearchOptions(time_budget=8, workers=2)
+    monkeypatch.setattr(PolishCost, "estimate", lambda self, nodes: 2.0)
+    asked = []  # (pool, the state re-ordered, states recorded when it was asked for)
+    answers = []
+    reorder, reordered = parallel.ParallelChildren.reorder, parallel.ParallelChildren.reordered
+
+    def asking(pool, sid):
+        asked.append((pool, loads(pool.call_holder(sid, "state", sid), cost), len(pool.seen_log)))
+        return reorder(pool, sid)
+
+    def answering(pool):
+        answers.append(reordered(pool))
+        return answers[-1]
+
+    monkeypatch.setattr(parallel.ParallelChildren, "reorder", asking)
+    monkeypatch.setattr(parallel.ParallelChildren, "reordered", answering)
+    workers = _booted(start_search_workers(cost, options, objective))
+    result = optimize_graph(graph, cost, objective, options, workers=workers)
+    [(pool, state, recorded)], [(final, won, _)] = asked, answers
+    assert len(pool.seen_log) > recorded  # states recorded while it was re-ordered, and after
+    assert result.stats.breakdown["polish_in_worker"] > 0
+    here, won_here = Evaluator(cost).reordered(state, objective, True)
+    assert (final.order, final.memory, final.latency, won) == (
+        here.order, here.memory, here.latency, won_here,
+    )  # fmt: skip
+    assert final.sim.breakdown == here.sim.breakdown != {}  # with the detail
+    assert not objective.better(final, result.best)
+    assert result.best.graph.is_valid_schedule(list(result.best.order))
+    assert simulate(result.best.graph, result.best.order, cost).peak_bytes == result.best.memory
+
+
 def test_the_first_worker_builds_the_initial_state_the_main_process_would(monkeypatch):
     """Started with the step's graph, the first worker builds the initial state while the
     main process does other work (the warm starts): the same schedule, simulation, hash and
