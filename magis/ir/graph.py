@@ -424,6 +424,11 @@ class Graph:
             self._derived[key] = compute()
         return self._derived[key]
 
+    def known(self, key: DerivedKey[T]) -> T | None:
+        """The fact `key` if this version has it (computed or installed), else None: what a
+        child's fact is derived from, when its parent has it."""
+        return self._derived.get(key)
+
     def _invalidate(self) -> None:
         """Every mutation calls this: derived facts belong to the version that computed them."""
         self._derived.clear()

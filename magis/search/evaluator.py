@@ -28,6 +28,7 @@ from magis.rules import (
     ordered_for,
 )
 from magis.rules.relax import relaxation_at_peak
+from magis.rules.remat import derive_duplicate_index
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
@@ -365,6 +366,14 @@ class Evaluator:
             changed,
             result.removed,
             self.cost,
+        )
+        self.timed(
+            "transform",
+            derive_duplicate_index,
+            state.graph,
+            result.graph,
+            result.added | changed,
+            result.removed,
         )
         order = tuple(
             self.timed(

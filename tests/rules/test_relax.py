@@ -132,6 +132,35 @@ def test_the_scan_that_keys_only_alike_nodes_finds_every_pair(bert_tiny):
     assert len(recomputed_copies(ctx)) > len(recomputed_pairs(ctx)) > 0
 
 
+def test_a_childs_duplicate_index_derived_from_its_parents_is_the_one_built_afresh(bert_tiny):
+    """Down a line of rewrites that make, merge, swap and unswap copies (each child derives
+    its index from its parent's), the derived index has the groups of a fresh build, its
+    inherited keys are the nodes' keys, and the recomputed pairs read from it are the ones
+    building every node's key finds."""
+    from magis.rules import DEREMAT, DESWAP
+    from magis.rules.remat import _INDEX, _build_index, derive_duplicate_index
+
+    def groups(index):
+        return {g: sorted(m) for g, m in index.groups.items()}, index.shared
+
+    graph, order = bert_tiny.graph, list(bert_tiny.graph.program_order())
+    seen = set()
+    for rule in (REMAT, REMAT, SWAP, DEREMAT, REMAT, DESWAP, DEREMAT):
+        ctx = _context(graph, order)
+        assert recomputed_pairs(ctx) == _every_key_built(graph, order, views=False)
+        rewrite = next(iter(rule.match(ctx)))
+        res, order = _apply(graph, order, rewrite)
+        derive_duplicate_index(graph, res.graph, res.added | res.changed, res.removed)
+        graph = res.graph
+        derived = graph.known(_INDEX)
+        assert derived is not None and groups(derived) == groups(_build_index(graph))
+        for nid, key in derived.keys.items():  # those inherited
+            assert key == _build_index(graph).merge_key(graph, nid)
+        seen.add(rule.name)
+    assert recomputed_pairs(_context(graph, order)) == _every_key_built(graph, order, views=False)
+    assert seen == {"remat", "swap", "deremat", "deswap"}
+
+
 def test_explain_names_a_relaxation_by_what_it_undid(bert_tiny):
     """A relaxation shares re-materialization's dual kind; its decision says undo-swap when
     it dropped swaps alone, and undo-recompute when it merged copies back."""
