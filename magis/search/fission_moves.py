@@ -131,14 +131,17 @@ class Reanalysis:
         epoch = self.account(found is not None, took, len(graph))
         return None if found is None else Lineage(*found, epoch, frozen)
 
+    def affordable(self, nodes: int, elapsed: float, left: float = math.inf) -> bool:
+        """Whether an analysis of `nodes` nodes fits now: one expected to overrun its share, or
+        the `left` seconds of the budget, is not started (a 16-way split gpt-neo-1.3b graph of
+        63k nodes takes a minute and more)."""
+        expected = analysis_seconds(self.scale, nodes)
+        return self.spent + expected <= self.share * elapsed and expected <= left
+
     def due(self, key: frozenset, nodes: int, elapsed: float, left: float = math.inf) -> bool:
         """Whether a state of `nodes` nodes whose hot-spots are `key` is analysed now (the
-        key is then remembered). An analysis expected to overrun its share, or the `left`
-        seconds of the budget, is not started: a 16-way split gpt-neo-1.3b graph (63k nodes)
-        takes a minute and more."""
-        expected = analysis_seconds(self.scale, nodes)
-        over_share = self.spent + expected > self.share * elapsed
-        if key in self.analysed or over_share or expected > left:
+        key is then remembered): it is `affordable`, and those hot-spots are new."""
+        if key in self.analysed or not self.affordable(nodes, elapsed, left):
             return False
         self.analysed.add(key)
         return True

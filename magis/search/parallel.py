@@ -519,6 +519,8 @@ def reanalysed(search, pool: ParallelChildren, state: MState | Summary) -> MStat
         return state
     reanalysis, ev = search.reanalysis, search.evaluator
     elapsed, left = search.budget.analysis_window()
+    if not reanalysis.affordable(state.nodes, elapsed, left):
+        return state  # without asking the holder, which may be in the middle of a batch
     key = pool.call_holder(state.sid, "hotspot_key", state.sid)
     if not reanalysis.due(key, state.nodes, elapsed, left):
         return state
