@@ -220,13 +220,18 @@ def hot_storages(ctx: RuleContext) -> Iterator[Ref]:
 
 def hot_late_reads(ctx: RuleContext, eligible, limit: int | None = None) -> Iterator[LateReads]:
     """The late reads of hot storages whose producer `eligible(storage)` accepts, at most
-    `limit` (`ctx.max_candidates`): the candidates of re-materialization and swapping (H2)."""
+    `limit` (`ctx.max_candidates`): the candidates of re-materialization and swapping (H2).
+    Each storage's are found once per context (on a 42,000-node split graph the rules asked
+    for the same 500 hot storages' readers twice a popped state)."""
     limit = ctx.max_candidates if limit is None else limit
+    known = ctx.memo.setdefault("late_reads", {})  # re-materialization and swapping share them
     emitted = 0
     for storage in hot_storages(ctx):
         if storage.node in ctx.frozen or not eligible(storage):
             continue
-        reads = late_reads(ctx, storage)
+        if storage not in known:
+            known[storage] = late_reads(ctx, storage)
+        reads = known[storage]
         if reads is None:
             continue
         yield reads

@@ -158,6 +158,22 @@ def test_split_conv_backward_and_merge_back(unet_tiny):
     assert wl_hash(back.graph).value == wl_hash(unet_tiny.graph).value
 
 
+def test_the_merge_of_split_conv_backwards_reads_only_their_ops(unet_tiny, monkeypatch):
+    """`merge_conv_backward` finds its pairs among the two ops' nodes: the same rewrite as
+    reading every node of the order."""
+    ((split, order),) = _apply_and_verify(unet_tiny, SPLIT_CONV_BACKWARD)
+
+    def offered():
+        return [
+            (rw.description, sorted(rw.build().removed))
+            for rw in MERGE_CONV_BACKWARD.match(_ctx(split.graph, order))
+        ]
+
+    narrow = offered()
+    monkeypatch.setattr(RuleContext, "nodes_of_ops", lambda self, ops: list(self.order))
+    assert narrow == offered() and narrow
+
+
 def test_split_conv_backward_lets_the_saved_input_die_before_dgrad():
     """The point of the split: with wgrad first, the peak of a conv's backward drops by the
     size of its saved input (here the input is the biggest tensor)."""

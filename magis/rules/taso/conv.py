@@ -148,7 +148,7 @@ def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
 def conv_backward_pairs(graph: Graph, order, frozen=frozenset()) -> Iterator[tuple[int, int]]:
     """(dgrad, wgrad) pairs as `split_conv_backward` makes them: a transposed convolution of
     an output gradient by a weight, and a weight-gradient-only `convolution_backward` of the
-    same gradient, weight and geometry."""
+    same gradient, weight and geometry; `order`: the nodes to look at, in schedule order."""
     dgrads: dict[str, int] = {}
     wgrads: dict[str, int] = {}
     for nid in order:
@@ -231,8 +231,11 @@ def splittable_conv_backwards(ctx: RuleContext) -> list[list[int]]:
 
 
 def dgrad_wgrad_pairs(ctx: RuleContext) -> list[list[tuple[int, int]]]:
-    """Every (dgrad, wgrad) pair, merged in one rewrite (the dual's group)."""
-    pairs = list(conv_backward_pairs(ctx.graph, ctx.order, ctx.frozen))
+    """Every (dgrad, wgrad) pair, merged in one rewrite (the dual's group). Only the two ops'
+    nodes are read, from the context's index: a walk of every node was 5-13 ms of each popped
+    state of a split decoder, which has none."""
+    convs = ctx.nodes_of_ops((CONV_BACKWARD, CONVOLUTION))
+    pairs = list(conv_backward_pairs(ctx.graph, convs, ctx.frozen))
     return [pairs] if pairs else []
 
 
