@@ -249,7 +249,7 @@ def find_chain(graph: Graph, options: ChainOptions | None = None) -> Chain:
 
 
 def recomputable(graph: Graph, nid: int) -> bool:
-    """What re-materialization may recompute (`magis.rules.remat.recompute_call`: training batch
+    """What re-materialization may recompute (`magis.rules.duplicates.recompute_call`: training batch
     norms included, without their running statistics)."""
     return recompute_call(graph, nid) is not None
 

@@ -394,8 +394,7 @@ class Graph:
 
     def added_since(self, parent: Graph) -> frozenset[int]:
         """Nodes of this graph (a copy of `parent`, then edited) that `parent` lacks: ids are
-        never reused, so they are the ids from `parent.next_id` on, found without a scan of
-        the whole graph (rewrites ask this once per state)."""
+        never reused, so they are the ids from `parent.next_id` on (no scan of the graph)."""
         return frozenset(n for n in range(parent.next_id, self._next_id) if n in self._nodes)
 
     def program_order(self) -> list[int]:
@@ -416,8 +415,7 @@ class Graph:
     # --- derived facts --------------------------------------------------------------------
 
     def derived(self, key: DerivedKey[T], compute: Callable[[], T]) -> T:
-        """The fact `key` of this graph version: `compute()` on first use, kept until the graph
-        changes."""
+        """The fact `key` of this version: `compute()` on first use, kept until it changes."""
         if not isinstance(key, DerivedKey):
             raise TypeError(f"derived facts are keyed by a DerivedKey, not {key!r}")
         if key not in self._derived:
@@ -425,8 +423,7 @@ class Graph:
         return self._derived[key]
 
     def known(self, key: DerivedKey[T]) -> T | None:
-        """The fact `key` if this version has it (computed or installed), else None: what a
-        child's fact is derived from, when its parent has it."""
+        """The fact `key` if this version has it (a child's is derived from it), else None."""
         return self._derived.get(key)
 
     def _invalidate(self) -> None:

@@ -25,6 +25,7 @@ from magis.rules.base import (
     stable_topological_order,
 )
 from magis.rules.compact import COMPACT, DECOMPACT
+from magis.rules.duplicates import recompute_call
 from magis.rules.fission import FissionError, Materialized, check_shapes, materialize
 from magis.rules.fission_prepare import prepare
 from magis.rules.ftree_moves import (
@@ -39,7 +40,7 @@ from magis.rules.ftree_moves import (
 )
 from magis.rules.mincut_remat import MINCUT_REMAT
 from magis.rules.relax import RELAX
-from magis.rules.remat import DEREMAT, REMAT, recompute_call
+from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
 from magis.rules.taso import TASO_RULES
 

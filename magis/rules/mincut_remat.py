@@ -52,8 +52,8 @@ from magis.rules.base import (
     RuleKind,
     stable_topological_order,
 )
+from magis.rules.duplicates import recompute_call
 from magis.rules.recompute_trace import trace_graph
-from magis.rules.remat import recompute_call
 
 TAG = "mincut"  # the name tag of the cut's recomputations: `<node>_mincut<k>`
 # What a recomputation costs, per byte it reads and writes, in bytes saved (module docstring).

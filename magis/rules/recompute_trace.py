@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from magis.ir import Graph, Ref
 from magis.ir.graph import map_refs
-from magis.rules.remat import recompute_call
+from magis.rules.duplicates import recompute_call
 
 
 def trace_graph(graph: Graph, events: Sequence[int], tag: str = "remat") -> tuple[Graph, list[int]]:

@@ -30,7 +30,8 @@ from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP
 from magis.ir.storage import StorageMap
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.remat import DuplicateScan, merge_into, recompute_call
+from magis.rules.duplicates import DuplicateScan, recompute_call
+from magis.rules.remat import merge_into
 from magis.rules.swap import unswap_all_into
 from magis.sim.tables import node_times, tables
 
@@ -65,7 +66,7 @@ def _span(
 def recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     """(original, copy) for every node outside frozen regions that computes what an earlier
     one does, its inputs taken up to copies: a recomputed segment's every node, not only its
-    first (`remat.recomputed_pairs` sees the first; the rest become duplicates only once it
+    first (`duplicates.recomputed_pairs` sees the first; the rest become duplicates only once it
     is merged). In the copies' schedule order; found once per context (`RuleContext.memo`)."""
     if "recomputed_copies" not in ctx.memo:
         ctx.memo["recomputed_copies"] = _recomputed_copies(ctx)

@@ -17,45 +17,13 @@ bans them too).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from magis.ir import DerivedKey, Graph, Node, Ref
-from magis.ir.storage import Layered
+from magis.ir import Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.duplicates import duplicate_key, mapped, recompute_call, recomputed_pairs
 from magis.rules.repeated import kind_rewrites, repeated_rewrites
-
-
-def recomputable(graph: Graph, nid: int) -> bool:
-    node = graph.node(nid)
-    info = graph.info(nid)
-    return not (
-        node.is_placeholder
-        or info.is_random
-        or info.copy_stream
-        or info.mutates
-        or node.writes_into is not None
-    )
-
-
-_BATCH_NORM = "aten.native_batch_norm.default"
-
-
-def recompute_call(graph: Graph, nid: int) -> tuple[tuple, dict] | None:
-    """(args, kwargs) of a recomputation of `nid`, or None when it cannot be recomputed.
-
-    A training-mode batch norm updates its running statistics in place (so `recomputable`
-    refuses it), but its outputs depend on the batch alone: recomputed without the running
-    statistics it gives the same outputs and updates nothing. Convolution nets are mostly
-    batch norms; without this, nothing between two convolutions could be recomputed. DTR
-    recomputes batch norms too (ResNet is one of its benchmarks).
-    """
-    node = graph.node(nid)
-    if recomputable(graph, nid):
-        return node.args, node.kwargs_dict
-    if node.op == _BATCH_NORM and not node.kwargs and len(node.args) == 8 and node.args[5]:
-        return (*node.args[:3], None, None, *node.args[5:]), {}
-    return None
 
 
 @dataclass(frozen=True)
@@ -190,19 +158,11 @@ def recompute_segment_into(g: Graph, reads: LateReads, chain: tuple[int, ...]) -
     for nid in chain:
         node = g.node(nid)
         args, kwargs = recompute_call(g, nid)
-        args = tuple(_mapped(a, mapping) for a in args)
+        args = tuple(mapped(a, mapping) for a in args)
         twin = g.add_op(f"{node.name}_remat", node.op, args, kwargs, node.outputs)
         for i in range(len(node.outputs)):
             mapping[Ref(nid, i)] = Ref(twin, i)
     return redirect_late_reads(g, reads, mapping[reads.storage])
-
-
-def _mapped(arg, mapping: dict[Ref, Ref]):
-    if isinstance(arg, Ref):
-        return mapping.get(arg, arg)
-    if isinstance(arg, list | tuple):
-        return type(arg)(_mapped(a, mapping) for a in arg)
-    return arg
 
 
 def hot_storages(ctx: RuleContext) -> Iterator[Ref]:
@@ -272,31 +232,6 @@ def _match_remat(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
-def duplicate_key(graph: Graph, nid: int, inputs: dict[Ref, Ref] | None = None):
-    """What `nid` computes, as a hashable key (None when a constant is unhashable). A training
-    batch norm keys as its recomputation does (`recompute_call`): a recomputed copy is a
-    duplicate of the original, which its dual merges back. `inputs` names values by others
-    that hold the same (a copy's outputs by the original's: relax.py)."""
-    node = graph.node(nid)
-    call = recompute_call(graph, nid)
-    args, kwargs = call if call is not None else (node.args, node.kwargs_dict)
-    if inputs:
-        args = _mapped(args, inputs)
-    try:
-        key = (node.op, _frozen(args), _frozen(tuple(sorted(kwargs.items()))))
-        hash(key)
-    except TypeError:  # unhashable constants: never merged
-        return None
-    return key
-
-
-def _frozen(value):
-    """`value` with lists as tuples (a view's shape argument is a list)."""
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, *map(_frozen, value))
-    return value
-
-
 def merge_into(
     g: Graph, keep: int, drop: int, replacement: dict[int, Ref] | None = None
 ) -> tuple[set[int], set[int]]:
@@ -340,158 +275,6 @@ def merge_duplicate(graph: Graph, keep: int, drop: int) -> Rewritten:
     g = graph.copy()
     changed, removed = merge_into(g, keep, drop)
     return Rewritten(g, frozenset(), frozenset(changed), frozenset(removed))
-
-
-def recomputed_pairs(ctx: RuleContext) -> list[tuple[int, int]]:
-    """(keep, drop) pairs in schedule order: a non-view node outside frozen regions computing
-    what an earlier one does (a recomputed copy, mostly), and the earliest such node. Read
-    once per state (`RuleContext.memo`), from the graph's `DuplicateIndex`."""
-    if "recomputed_pairs" not in ctx.memo:
-        ctx.memo["recomputed_pairs"] = _duplicates(ctx.graph, ctx.position, ctx.frozen)
-    return ctx.memo["recomputed_pairs"]
-
-
-def _duplicates(graph: Graph, position: Mapping[int, int], frozen) -> list[tuple[int, int]]:
-    """What a scan of the schedule with a `DuplicateScan` finds, read from the index: only its
-    shared groups are keyed, each in schedule order, and the pairs sorted by the copy's step."""
-    index = duplicate_index(graph)
-    first: dict = {}
-    pairs = []
-    for group in index.shared:
-        members = [n for n in index.groups[group] if n not in frozen and n in position]
-        if len(members) < 2:
-            continue
-        for n in sorted(members, key=position.__getitem__):
-            key = index.merge_key(graph, n)
-            if key is not None and (keep := first.setdefault(key, n)) != n:
-                pairs.append((keep, n))
-    pairs.sort(key=lambda p: position[p[1]])
-    return pairs
-
-
-def _mergeable(graph: Graph, nid: int) -> bool:
-    return not graph.info(nid).is_view and recompute_call(graph, nid) is not None
-
-
-def _group_of(node: Node) -> tuple:
-    """(op, first input) as ints: two nodes that compute the same thing share both (a Ref is a
-    dataclass, hashed in Python, and this runs on every node of a graph)."""
-    head = node.inputs[0] if node.inputs else None
-    return (node.op, -1, 0) if head is None else (node.op, head.node, head.index)
-
-
-_INDEX: DerivedKey[DuplicateIndex] = DerivedKey("rules.duplicate_index")
-
-
-@dataclass(frozen=True)
-class DuplicateIndex:
-    """A graph version's nodes by (op, first input) (`_group_of`), the groups of two nodes or
-    more (`shared`: only they can hold duplicates), and the `merge_key` of the nodes keyed so
-    far (filled on demand). A search's child derives its index from its parent's
-    (`derive_duplicate_index`): on a 42,000-node split decoder, deremat's scan of every node
-    for its recomputed copies took 80-110 ms of every popped state, half of it the walk of
-    the nodes and half keying the 8,000 nodes of the shared groups."""
-
-    groups: Layered[tuple, tuple[int, ...]]
-    shared: frozenset[tuple]
-    keys: dict[int, tuple | None]
-
-    def merge_key(self, graph: Graph, nid: int) -> tuple | None:
-        """`duplicate_key` of a node that a merge may drop (not a view, recomputable)."""
-        if nid in self.keys:
-            return self.keys[nid]
-        key = self.keys[nid] = duplicate_key(graph, nid) if _mergeable(graph, nid) else None
-        return key
-
-
-def duplicate_index(graph: Graph) -> DuplicateIndex:
-    """The graph version's index (built on first use, unless derived from its parent's)."""
-    return graph.derived(_INDEX, lambda: _build_index(graph))
-
-
-def _build_index(graph: Graph) -> DuplicateIndex:
-    groups: dict[tuple, list[int]] = {}
-    for nid, node in graph.nodes.items():
-        groups.setdefault(_group_of(node), []).append(nid)
-    shared = frozenset(g for g, members in groups.items() if len(members) > 1)
-    return DuplicateIndex(Layered({g: tuple(m) for g, m in groups.items()}), shared, {})
-
-
-def derive_duplicate_index(
-    parent: Graph, child: Graph, touched: set[int], removed: set[int]
-) -> None:
-    """Install on `child` (`parent` with `touched` nodes added or re-wired and `removed` ones
-    gone; its other nodes keep their parent's Node objects) its index, from the parent's when
-    the parent has one; else it is built if it is ever read."""
-    old = parent.known(_INDEX)
-    if old is None:
-        return
-    groups, shared, keys = old.groups.draft(), set(old.shared), dict(old.keys)
-    for n in touched | removed:
-        keys.pop(n, None)
-        if n in parent:
-            group = _group_of(parent.node(n))
-            members = tuple(m for m in groups[group] if m != n)
-            if members:
-                groups[group] = members
-            else:
-                groups.pop(group)
-            if len(members) < 2:
-                shared.discard(group)
-    for n in touched:
-        if n in child:
-            group = _group_of(child.node(n))
-            members = groups[group] + (n,) if group in groups else (n,)
-            groups[group] = members
-            if len(members) > 1:
-                shared.add(group)
-    index = DuplicateIndex(groups.done(), frozenset(shared), keys)
-    child.derived(_INDEX, lambda: index)
-
-
-_PENDING = object()  # a DuplicateScan group whose nodes have no key yet
-
-
-class DuplicateScan:
-    """Which earlier node computes what a node does (`duplicate_key`, inputs named by
-    `same`), over nodes given in schedule order. Two such nodes share their op and their
-    first input, so a node's key is built only once another shares both: on a graph of
-    40,000 nodes (a split decoder) building every key took most of a scan, and few nodes
-    share both. `same` may grow during the scan, by values of nodes already given (a
-    scheduled node's inputs are made before it: its key does not change afterwards)."""
-
-    def __init__(self, graph: Graph, same: dict[Ref, Ref] | None = None) -> None:
-        self.graph = graph
-        self.same = same
-        self._groups: dict = {}  # (op, first input) -> nodes without a key yet, or _PENDING
-        self._first: dict = {}  # key -> the first node with it
-        self._nodes = graph.nodes  # read once per node of a 40,000-node scan
-
-    def first_alike(self, nid: int, eligible: Callable[[Graph, int], bool]) -> int:
-        """The first node given so far (`nid` included) that computes what `nid` does;
-        `nid` itself when it is the first, has no key, or is not `eligible`."""
-        same = self.same
-        node = self._nodes[nid]
-        head = node.inputs[0] if node.inputs else None
-        if same and head is not None:
-            head = same.get(head, head)
-        # ints, not the Ref: a dataclass hashes in Python, and this runs on every node
-        group_key = (node.op, -1, 0) if head is None else (node.op, head.node, head.index)
-        group = self._groups.setdefault(group_key, [])
-        if group is not _PENDING:
-            if not group:  # alone so far: nothing earlier can compute the same
-                group.append(nid)
-                return nid
-            for m in group:
-                self._keyed(m, eligible)
-            self._groups[group_key] = _PENDING
-        return self._keyed(nid, eligible)
-
-    def _keyed(self, nid: int, eligible: Callable[[Graph, int], bool]) -> int:
-        if not eligible(self.graph, nid):
-            return nid
-        key = duplicate_key(self.graph, nid, self.same)
-        return nid if key is None else self._first.setdefault(key, nid)
 
 
 def segment_heads(graph: Graph, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -16,13 +16,13 @@ from collections.abc import Iterator, Mapping
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.duplicates import recomputed_pairs
 from magis.rules.remat import (
     GROUP_CANDIDATES,
     LateReads,
     hot_late_reads,
     merge_all_duplicates,
     merge_into,
-    recomputed_pairs,
     redirect_late_reads,
     segment_heads,
 )

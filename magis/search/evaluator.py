@@ -27,8 +27,8 @@ from magis.rules import (
     after_local_move,
     ordered_for,
 )
+from magis.rules.duplicates import derive_duplicate_index
 from magis.rules.relax import relaxation_at_peak
-from magis.rules.remat import derive_duplicate_index
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves

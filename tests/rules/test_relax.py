@@ -16,8 +16,8 @@ from magis.ir import Ref
 from magis.ir.graph import StorageMap, derive_storages
 from magis.ir.ops import LOAD_OP
 from magis.rules import RELAX, REMAT, REMAT_TO_SWAP, SWAP, RuleContext
+from magis.rules.duplicates import duplicate_key, recompute_call, recomputed_pairs
 from magis.rules.relax import Undo, fitting, recomputed_copies
-from magis.rules.remat import duplicate_key, recompute_call, recomputed_pairs
 from magis.schedule.swaps import time_swaps
 from magis.search.decisions import Decision, DecisionKind
 from magis.search.reschedule import order_without_solving
@@ -138,7 +138,7 @@ def test_a_childs_duplicate_index_derived_from_its_parents_is_the_one_built_afre
     inherited keys are the nodes' keys, and the recomputed pairs read from it are the ones
     building every node's key finds."""
     from magis.rules import DEREMAT, DESWAP
-    from magis.rules.remat import _INDEX, _build_index, derive_duplicate_index
+    from magis.rules.duplicates import _INDEX, _build_index, derive_duplicate_index
 
     def groups(index):
         return {g: sorted(m) for g, m in index.groups.items()}, index.shared

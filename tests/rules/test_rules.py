@@ -120,7 +120,7 @@ def test_a_recomputation_traded_for_a_swap_keeps_meaning_and_leaves_no_copy(bert
     hash the search derives from the parent's are the fresh ones."""
     from magis.ir.graph import StorageMap, derive_storages
     from magis.ir.ops import LOAD_OP
-    from magis.rules.remat import recomputed_pairs
+    from magis.rules.duplicates import recomputed_pairs
 
     cost = get_cost_model("rtx3090")
     graph = bert_tiny.graph

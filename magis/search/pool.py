@@ -1,0 +1,362 @@
+"""The pool of a search's workers (`magis.search.parallel`, `magis.search.concurrent`): which
+worker holds which state, what each was sent of the seen hashes, the moves handed out and their
+outcomes, moving a state from one worker to another (pickled once, by whoever holds it), and the
+final re-ordering of the best run by the worker that holds it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from magis.cost import CostModel
+from magis.errors import deferred_interrupt
+from magis.search.evaluator import Evaluator
+from magis.search.pickling import dumps, loads
+from magis.search.state import MState
+from magis.search.workers import Batch, Outcome, Sid, Summary, Task, WorkerError
+
+
+@dataclass
+class PendingMoves:
+    """A popped state's moves as the parallel search sees them: the next one the serial
+    search would take (`cursor`), the next to hand a worker, outcomes evaluated ahead of the
+    cursor, and the end of the moves once a worker found it."""
+
+    sid: Sid
+    nodes: int  # the state's size: what moving it to another worker costs
+    cursor: int = 0
+    next_index: int = 0
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    end: int | None = None
+    work: float = 0.0  # seconds its evaluated moves took, in the workers
+    done: int = 0  # how many moves were evaluated
+
+    def average_move(self) -> float:
+        return self.work / max(self.done, 1)
+
+
+@dataclass
+class _TransferCost:
+    """What moving a state to another worker costs, per node of its graph: pickling it (in
+    its worker, or here) and unpickling it, as measured (moving averages)."""
+
+    dump_per_node: float | None = None
+    load_per_node: float | None = None
+
+    def observe_dump(self, seconds: float, nodes: int) -> None:
+        self.dump_per_node = _averaged(self.dump_per_node, seconds / max(nodes, 1))
+
+    def observe_load(self, seconds: float, nodes: int) -> None:
+        self.load_per_node = _averaged(self.load_per_node, seconds / max(nodes, 1))
+
+    def estimate(self, nodes: int) -> float | None:
+        if self.dump_per_node is None or self.load_per_node is None:
+            return None
+        return (self.dump_per_node + self.load_per_node) * nodes
+
+
+def _averaged(average: float | None, value: float, weight: float = 0.3) -> float:
+    return value if average is None else (1 - weight) * average + weight * value
+
+
+@dataclass
+class _Entry:
+    """A state some worker may need: which workers hold it, and its bytes once pickled."""
+
+    holders: set[int]
+    blob: bytes | None = None
+    state: MState | None = None  # the main process's copy, when it has one
+
+
+_SYNC = None  # `busy` value of a worker answering a direct call
+_REORDER = "reorder"  # ... of the worker re-ordering the best
+
+
+@dataclass
+class _Reordering:
+    """The final full re-ordering of the best state, run by the worker holding it while the
+    others go on exploring (`ParallelChildren.reorder`): its answer once back."""
+
+    sid: Sid
+    wid: int
+    submitted: bool = False
+    answer: bytes | None = None
+
+
+@dataclass
+class ParallelChildren:
+    """The workers of one search, the states they hold, what they know of the seen hashes."""
+
+    transport: Any  # start_local_workers(...) or start_ray_workers(...)
+    n: int
+    seen_log: list[int]
+    tree_log: list
+    cursors: list[tuple[int, int]]  # per worker: how much of each log it was sent
+    entries: dict[Sid, _Entry] = field(default_factory=dict)
+    sid_of: dict[int, Sid] = field(default_factory=dict)  # id() of a main-process state
+    drops: dict[int, list[Sid]] = field(default_factory=dict)
+    busy: dict[int, tuple[PendingMoves, int] | None] = field(default_factory=dict)
+    count: int = 0
+    pinned: Sid | None = None  # the best state's: kept in its worker until another is best
+    pinned_released: bool = False
+    transfer: _TransferCost = field(default_factory=lambda: _TransferCost())
+    cost: CostModel | None = None  # the search's: states travel with it by name
+    reordering: _Reordering | None = None
+
+    @staticmethod
+    def start(transport: Any, n: int, ev: Evaluator) -> ParallelChildren:
+        """The pool of started workers, which know the seen hashes as of now."""
+        return ParallelChildren(
+            transport, n, list(ev.seen), list(ev.seen_trees), [(0, 0)] * n,
+            drops={w: [] for w in range(n)}, cost=ev.cost,
+        )  # fmt: skip
+
+    # --- states ----------------------------------------------------------------------------
+
+    def sid_for(self, state: MState | Summary) -> Sid:
+        if isinstance(state, Summary):
+            return state.sid
+        sid = self.sid_of.get(id(state))
+        if sid is None or self.entries.get(sid) is None or self.entries[sid].state is not state:
+            self.count += 1
+            sid = (-1, self.count)
+            self.entries[sid] = _Entry(set(), state=state)
+            self.sid_of[id(state)] = sid
+        return sid
+
+    def held(self, sid: Sid, state: MState, wid: int) -> None:
+        """Worker `wid` holds `state` (the main process's copy) as `sid`."""
+        self.entries[sid] = _Entry({wid}, state=state)
+        self.sid_of[id(state)] = sid
+
+    def materialize(self, summary: Summary) -> MState:
+        """The child itself, fetched from the worker that built it."""
+        entry = self.entries[summary.sid]
+        if entry.state is None:
+            entry.state = loads(self._blob(summary.sid, summary.nodes), self.cost)
+            self.sid_of[id(entry.state)] = summary.sid
+        return entry.state
+
+    def pin(self, sid: Sid) -> None:
+        """`sid` is the best state now: its worker keeps it until the search ends or another
+        is best (the state it replaces is released if the search was done with it)."""
+        previous, released = self.pinned, self.pinned_released
+        self.pinned, self.pinned_released = sid, False
+        if previous is not None and released:
+            self.release(previous)
+
+    def release(self, sid: Sid) -> None:
+        """No worker needs this state any more."""
+        if sid == self.pinned:
+            self.pinned_released = True
+            return
+        entry = self.entries.pop(sid, None)
+        if entry is None:
+            return
+        if entry.state is not None:
+            self.sid_of.pop(id(entry.state), None)
+        for w in entry.holders:
+            self.drops[w].append(sid)
+
+    def _blob(self, sid: Sid, nodes: int) -> bytes:
+        entry = self.entries[sid]
+        if entry.blob is None:
+            holder = None if entry.state is not None else self._free_holder(entry.holders)
+            while holder in self.busy:  # not timed: the holder finishes a move first
+                self.collect()
+            start = time.perf_counter()
+            if holder is None:
+                entry.blob = dumps(entry.state, cost=self.cost)
+            else:
+                entry.blob = self._call(holder, "state", sid)
+            self.transfer.observe_dump(time.perf_counter() - start, nodes)
+        return entry.blob
+
+    def _free_holder(self, holders: set[int]) -> int:
+        """The holder to ask for a state's bytes: one not busy re-ordering the best if any."""
+        free = holders - self.reordering_workers()
+        return min(free or holders)
+
+    def reordering_workers(self) -> set[int]:
+        """The worker re-ordering the best, until its answer is back."""
+        r = self.reordering
+        return {r.wid} if r is not None and r.answer is None else set()
+
+    def reachable(self, sid: Sid) -> bool:
+        """Whether a worker can take state `sid` now: the main process has it, or a worker
+        that is not re-ordering the best holds it."""
+        holders = self.holders(sid)
+        return not holders or bool(holders - self.reordering_workers())
+
+    def reorder(self, sid: Sid) -> None:
+        """Re-order state `sid` in full (`Evaluator.reordered`) in its worker, as soon as that
+        worker is done with the moves it is evaluating; the answer is `reordered()`."""
+        self.reordering = _Reordering(sid, min(self.entries[sid].holders))
+        self._submit_reordering()
+
+    def _submit_reordering(self) -> None:
+        r = self.reordering
+        if r is None or r.submitted or r.wid in self.busy:
+            return
+        with deferred_interrupt():
+            self.transport.submit(r.wid, "reorder", r.sid)
+            self.busy[r.wid] = _REORDER
+            r.submitted = True
+
+    def wait_for_reordering(self) -> None:
+        """Until the worker re-ordering the best has answered (others' outcomes are kept)."""
+        while self.reordering is not None and self.reordering.answer is None:
+            self.collect()
+
+    def reordered(self) -> tuple[MState, bool, float]:
+        """The re-ordering's answer (the better of the state and its re-ordering, simulated
+        in detail; whether the re-ordering won; its seconds in the worker)."""
+        self.wait_for_reordering()
+        return loads(self.reordering.answer, self.cost)
+
+    def holders(self, sid: Sid) -> set[int]:
+        """The workers that hold state `sid`."""
+        entry = self.entries.get(sid)
+        return set() if entry is None else entry.holders
+
+    def call_holder(self, sid: Sid, method: str, arg: Any) -> Any:
+        """Call a worker that holds state `sid`."""
+        return self._call(min(self.entries[sid].holders), method, arg)
+
+    def reanalysed_in_worker(self, sid: Sid, max_level: int, epoch: int) -> tuple[bool, float]:
+        """Re-analyse state `sid` where it lives: (a lineage was found, seconds). The other
+        workers' copies, if any, are now stale: they are dropped."""
+        entry = self.entries[sid]
+        holder = min(entry.holders)
+        found, took = self._call(holder, "reanalyse", (sid, max_level, epoch))
+        if found:
+            for w in entry.holders - {holder}:
+                self.drops[w].append(sid)
+            entry.holders, entry.blob = {holder}, None
+        return found, took
+
+    # --- moves -----------------------------------------------------------------------------
+
+    def outcome(self, moves: PendingMoves, ahead: int, spread: bool) -> Outcome:
+        """The outcome of the move at the cursor, with idle workers on the moves after it
+        (`ahead` moves from the cursor at most); workers that lack the state get moves only
+        when `spread`, or when none holds it."""
+        while moves.cursor not in moves.outcomes:
+            self._fill(moves, ahead, spread)
+            self.collect()
+        return moves.outcomes.pop(moves.cursor)
+
+    def worth_spreading(self, moves: PendingMoves, remaining: int) -> bool:
+        """Whether the `remaining` moves of this pop, at the average cost of its moves so
+        far, pay for moving the state to another worker. Most moves (a recomputation, a
+        swap) take milliseconds, and pickling a vit-base state takes 0.1 s or more: those
+        are left to the worker holding the state; F-Tree moves take a second and are
+        spread."""
+        cost = self.transfer.estimate(moves.nodes)
+        if cost is None:  # not measured yet: measure it
+            return True
+        return moves.average_move() * remaining / self.n > cost
+
+    def _fill(self, moves: PendingMoves, ahead: int, spread: bool) -> None:
+        """Hand the next moves to idle workers, those holding the state first (no bytes to
+        send)."""
+        holders = self.entries[moves.sid].holders if moves.sid in self.entries else set()
+        for wid in sorted(range(self.n), key=lambda w: w not in holders):
+            if wid in self.busy:
+                continue
+            if holders and wid not in holders and not spread:
+                return
+            within = moves.next_index < moves.cursor + ahead
+            if not within or (moves.end is not None and moves.next_index >= moves.end):
+                return
+            self.submit(wid, moves, moves.next_index)
+            moves.next_index += 1
+
+    def submit(self, wid: int, moves: PendingMoves, index: int, batch: Batch | None = None) -> None:
+        """Hand move `index` of a popped state (or a `batch` of moves from there) to worker
+        `wid`, with the state if it lacks it."""
+        entry = self.entries[moves.sid]
+        blob = None
+        if wid not in entry.holders:
+            blob = self._blob(moves.sid, moves.nodes)
+            entry.holders.add(wid)
+            if len(entry.holders) == self.n and entry.state is None:
+                entry.blob = None  # every worker holds it now: no need to keep its bytes here
+        seen_at, trees_at = self.cursors[wid]
+        task = Task(
+            moves.sid,
+            index,
+            blob,
+            tuple(self.seen_log[seen_at:]),
+            tuple(self.tree_log[trees_at:]),
+            tuple(self.drops[wid]),
+            batch,
+        )
+        self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
+        self.drops[wid] = []
+        with deferred_interrupt():
+            self.transport.submit(wid, "evaluate", task)
+            self.busy[wid] = (moves, index)
+
+    def collect(self) -> tuple[int, Any]:
+        """Wait for one worker's answer; moves' outcomes go to their state's moves."""
+        with deferred_interrupt():
+            wid, value = self.transport.next_reply(set(self.busy))
+            job = self.busy.pop(wid)
+            if job is _REORDER:  # kept before a deferred Ctrl-C is raised
+                self.reordering.answer = value
+        if job is not _SYNC and job is not _REORDER:
+            moves, _ = job
+            for out in value:
+                self._keep(moves, out)
+        self._submit_reordering()  # its worker may have just finished a batch
+        return wid, value
+
+    def _keep(self, moves: PendingMoves, out: Outcome) -> None:
+        moves.work += out.seconds
+        moves.done += 1
+        if out.load_seconds > 0:
+            self.transfer.observe_load(out.load_seconds, moves.nodes)
+        moves.outcomes[out.index] = out
+        if out.name is None:
+            moves.end = out.index if moves.end is None else min(moves.end, out.index)
+
+    def _call(self, wid: int, method: str, arg: Any) -> Any:
+        """Call one worker and wait for its answer (others' outcomes are kept meanwhile)."""
+        while wid in self.busy:
+            self.collect()
+        with deferred_interrupt():
+            self.transport.submit(wid, method, arg)
+            self.busy[wid] = _SYNC
+        while True:
+            who, value = self.collect()
+            if who == wid:
+                return value
+
+    def replay(self, ev: Evaluator, out: Outcome) -> Summary | None:
+        """The serial evaluator's de-duplication of this outcome, here and now: the child, or
+        None (counted as the serial search counts it)."""
+        for part, seconds in out.breakdown.items():
+            ev.stats.breakdown[part] += seconds
+        ev.stats.meta_rejected += out.meta_rejected
+        if out.tree_key is not None:
+            if out.tree_key in ev.seen_trees:
+                ev.stats.duplicates += 1
+                return self._discard(out)
+            ev.seen_trees.add(out.tree_key)
+            self.tree_log.append(out.tree_key)
+        if out.hash is None or not ev.is_new(out.hash):
+            return self._discard(out)
+        self.seen_log.append(out.hash)
+        if out.child is None:  # the worker's copy of the seen hashes is older than ours
+            raise WorkerError(f"a worker skipped a hash the search had not seen: {out.hash}")
+        self.entries[out.child.sid] = _Entry({out.child.sid[0]})
+        return out.child
+
+    def _discard(self, out: Outcome) -> None:
+        if out.child is not None:
+            self.drops[out.child.sid[0]].append(out.child.sid)
+
+    def close(self) -> None:
+        self.transport.close()
