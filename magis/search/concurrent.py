@@ -90,10 +90,11 @@ def _reorder_best(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool
     holders = pool.holders(best.sid)
     if not holders:
         return False
-    job = jobs.pop(min(holders), None)
+    wid = min(holders)
+    job = jobs.pop(wid, None)
     if job is not None:
         search.queue.push(job.state, job.moves)
-    pool.reorder(best.sid)
+    pool.reorder(best.sid, wid)
     return True
 
 

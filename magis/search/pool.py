@@ -80,8 +80,7 @@ class _Reordering:
 
     sid: Sid
     wid: int
-    submitted: bool = False
-    answer: bytes | None = None
+    answer: bytes | None = None  # submitted while `busy[wid]` is `_REORDER`
 
 
 @dataclass
@@ -187,22 +186,25 @@ class ParallelChildren:
         """Whether a worker can take state `sid` now: the main process has it, or a worker
         that is not re-ordering the best holds it."""
         holders = self.holders(sid)
-        return not holders or bool(holders - self.reordering_workers())
+        r = self.reordering
+        if r is None or r.answer is not None or r.wid not in holders:
+            return True
+        return len(holders) > 1
 
-    def reorder(self, sid: Sid) -> None:
-        """Re-order state `sid` in full (`Evaluator.reordered`) in its worker, as soon as that
-        worker is done with the moves it is evaluating; the answer is `reordered()`."""
-        self.reordering = _Reordering(sid, min(self.entries[sid].holders))
+    def reorder(self, sid: Sid, wid: int) -> None:
+        """Re-order state `sid` in full (`Evaluator.reordered`) in worker `wid`, which holds it,
+        as soon as that worker is done with the moves it is evaluating; the answer is
+        `reordered()`."""
+        self.reordering = _Reordering(sid, wid)
         self._submit_reordering()
 
     def _submit_reordering(self) -> None:
         r = self.reordering
-        if r is None or r.submitted or r.wid in self.busy:
-            return
+        if r is None or r.answer is not None or r.wid in self.busy:
+            return  # none asked, answered, or its worker is busy (with it, or with a batch)
         with deferred_interrupt():
             self.transport.submit(r.wid, "reorder", r.sid)
             self.busy[r.wid] = _REORDER
-            r.submitted = True
 
     def wait_for_reordering(self) -> None:
         """Until the worker re-ordering the best has answered (others' outcomes are kept)."""

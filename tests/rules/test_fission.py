@@ -33,6 +33,7 @@ from magis.rules import (
     mutations,
     prepare,
 )
+from magis.rules.fission import split_graph
 from magis.sim import simulate
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -579,6 +580,98 @@ def test_nested_enabled_nodes_execute():
     assert len(m.ids[tree.nodes[inner].ftrans.split[0][0]]) == 4  # 2 parts of 2 parts
     program = compile_program(m.graph, m.order)
     assert verify(step, program, step.make_inputs()).verified
+
+
+def _one_region_at_a_time(g: Graph, tree: FTree) -> Graph:
+    """The enabled nodes applied as single F-Trans, parents first, each copy on the graph the
+    previous split left: what `materialize` does in waves, one graph copy per wave."""
+    ids = {v: [v] for v in g.nodes}
+    for t in tree.preorder():
+        node = tree.nodes[t]
+        copies = len(ids[node.ftrans.split[0][0]]) if node.enabled else 0
+        for split in [
+            tuple(sorted((ids[v][j], a) for v, a in node.ftrans.split)) for j in range(copies)
+        ]:
+            res = split_graph(g, check(g, FTrans(split, node.n)))
+            g = res.graph
+            for v, _ in node.ftrans.split:
+                ids[v] = [x for old in ids[v] for x in res.ids.get(old, (old,))]
+    return g
+
+
+def _program(g: Graph) -> list[tuple]:
+    """The program in order, each input named by its producer (created nodes' ids depend on
+    the order regions were split in, their names do not)."""
+
+    def named(value):
+        if isinstance(value, Ref):
+            return (g.node(value.node).name, value.index)
+        if isinstance(value, list | tuple):
+            return [named(v) for v in value]
+        return value
+
+    return [
+        (n.name, n.op, named(n.args), named(n.kwargs), n.outputs)
+        for n in map(g.node, g.program_order())
+    ]
+
+
+def test_regions_split_together_give_the_program_one_at_a_time_gives():
+    """A wave of sibling regions (the leaves of the F-Tree), and a child in both parts of its
+    parent, each split in one copy of the graph, give the program splitting each region copy
+    on its own does; the siblings reach one another (one layer's output is the next's input)."""
+    step, g, tree = _tiny_tree("bert-base")
+    leaves = [i for i in range(len(tree)) if not list(tree.children(i))]
+    leaves = [i for i in leaves if tree.nodes[i].ftrans.n == 1 and _splits_alone(g, tree, i)]
+    siblings = tree
+    for i in leaves:
+        siblings = siblings.with_n(i, 2)
+    outer = max(range(len(tree)), key=lambda j: tree.nodes[j].size)
+    inner = next(
+        i
+        for i, x in enumerate(tree.nodes)
+        if outer in tree.ancestors(i) and x.component != tree.nodes[outer].component
+    )
+    nested = tree.with_n(outer, 2).with_n(inner, 2)
+    assert len(leaves) >= 3
+    for t in (siblings, nested):
+        m = materialize(g, t)
+        assert _program(m.graph) == _program(_one_region_at_a_time(g, t))
+        check_shapes(m.graph)
+    assert len(m.ids[tree.nodes[inner].ftrans.split[0][0]]) == 4  # both copies were split
+
+
+def test_a_region_cut_across_by_one_split_before_it_is_refused():
+    """Two F-Tree regions may share a node with neither within the other (a U-Net's skip
+    joins): once one is split, the other's copies cannot be told apart, and enabling both is a
+    FissionError, whether they are split together or the second continues the first's
+    materialization."""
+    step, g, tree = _tiny_tree("unet")
+    region = [{v for v, _ in x.ftrans.split} for x in tree.nodes]
+    pairs = [
+        (a, b)
+        for a in range(len(tree))
+        for b in range(len(tree))
+        if region[a] & region[b]  # neither within the other (that splits as a nested node)
+        and not region[a] <= region[b]
+        and not region[b] <= region[a]
+        and _splits_alone(g, tree, a)
+        and _splits_alone(g, tree, b)
+    ]
+    assert pairs
+    a, b = pairs[0]
+    first = materialize(g, tree.with_n(a, 2))
+    for reuse in (None, first):
+        with pytest.raises(FissionError, match="overlaps a region split before it"):
+            materialize(g, tree.with_n(a, 2).with_n(b, 2), reuse=reuse)
+
+
+def _splits_alone(g: Graph, tree: FTree, i: int) -> bool:
+    try:
+        materialize(g, tree.with_n(i, 2))
+    except FissionError:
+        return False
+    return True
 
 
 def test_split_along_an_already_split_dimension_is_refused():

@@ -195,9 +195,10 @@ def test_the_best_is_reordered_in_its_worker_while_the_search_goes_on(monkeypatc
     answers = []
     reorder, reordered = parallel.ParallelChildren.reorder, parallel.ParallelChildren.reordered
 
-    def asking(pool, sid):
+    def asking(pool, sid, wid):
+        assert wid in pool.holders(sid)
         asked.append((pool, loads(pool.call_holder(sid, "state", sid), cost), len(pool.seen_log)))
-        return reorder(pool, sid)
+        return reorder(pool, sid, wid)
 
     def answering(pool):
         answers.append(reordered(pool))

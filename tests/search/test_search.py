@@ -398,12 +398,13 @@ def test_incremental_hash_along_a_line_of_rewrites_equals_the_full_hash(workload
 def test_fission_children_hash_and_time_like_a_fresh_graph(workload):
     """F-Tree moves hash and time their graph from the parent state's (a continued
     materialization) or from the lineage's base (a fresh one): along a line of F-Tree moves,
-    every child's hash is its full hash, its node times a fresh cost model's, and its
+    every child's hash is its full hash, its storages and node times a fresh build's, and its
     simulation that of a copy of its graph without derived facts."""
     import random
 
     import numpy as np
 
+    from magis.ir.storage import StorageMap
     from magis.rules import RuleContext
     from magis.search import Evaluator, initial_state
     from magis.search.hashing import wl_hash
@@ -430,6 +431,12 @@ def test_fission_children_hash_and_time_like_a_fresh_graph(workload):
             )
             again = simulate(fresh, child.order, fresh_cost, detail=False)
             assert (again.peak_bytes, again.latency_s) == (child.memory, child.latency)
+            smap, full = child.graph.storages(), StorageMap.build(fresh)
+            assert smap.nbytes == full.nbytes and smap.base == full.base
+            assert (smap.outputs, smap.host) == (full.outputs, full.host)
+            assert {s: set(r) for s, r in smap.readers.items()} == {
+                s: set(r) for s, r in full.readers.items()
+            }
             children.append(child)
         if not children:
             break
