@@ -287,13 +287,14 @@ def materialize(
     done = set(applied)
     touched: set[int] = set()
     removed: set[int] = set()
-    pending = [t for t in tree.preorder() if tree.nodes[t].enabled and t not in done]
-    while pending:
+    pending = {t: None for t in tree.preorder() if tree.nodes[t].enabled and t not in done}
+    while pending:  # a dict: preorder kept, membership in O(1)
         wave = [t for t in pending if not any(a in pending for a in tree.ancestors(t))]
         current, ids = _apply_wave(current, ids, tree, wave, touched, removed)
         applied.extend(wave)
         applied_n.extend(tree.nodes[t].n for t in wave)
-        pending = [t for t in pending if t not in wave]
+        for t in wave:
+            del pending[t]
     return Materialized(
         current,
         ids,

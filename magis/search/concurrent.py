@@ -55,7 +55,7 @@ def run(search) -> None:
     jobs: dict[int, _Job] = {}
     while not _over(search, pool, jobs):
         _start_jobs(search, pool, jobs)
-        if not jobs and pool.reordering_workers():  # what is left is the re-ordering's
+        if not jobs and pool.reordering_worker() is not None:  # what is left is the re-ordering's
             pool.wait_for_reordering()
             continue
         if not jobs:

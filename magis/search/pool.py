@@ -174,22 +174,19 @@ class ParallelChildren:
 
     def _free_holder(self, holders: set[int]) -> int:
         """The holder to ask for a state's bytes: one not busy re-ordering the best if any."""
-        free = holders - self.reordering_workers()
+        free = holders - {self.reordering_worker()}
         return min(free or holders)
 
-    def reordering_workers(self) -> set[int]:
+    def reordering_worker(self) -> int | None:
         """The worker re-ordering the best, until its answer is back."""
         r = self.reordering
-        return {r.wid} if r is not None and r.answer is None else set()
+        return r.wid if r is not None and r.answer is None else None
 
     def reachable(self, sid: Sid) -> bool:
         """Whether a worker can take state `sid` now: the main process has it, or a worker
         that is not re-ordering the best holds it."""
         holders = self.holders(sid)
-        r = self.reordering
-        if r is None or r.answer is not None or r.wid not in holders:
-            return True
-        return len(holders) > 1
+        return not holders or holders != {self.reordering_worker()}
 
     def reorder(self, sid: Sid, wid: int) -> None:
         """Re-order state `sid` in full (`Evaluator.reordered`) in worker `wid`, which holds it,
