@@ -186,7 +186,8 @@ class ParallelChildren:
         """Whether a worker can take state `sid` now: the main process has it, or a worker
         that is not re-ordering the best holds it."""
         holders = self.holders(sid)
-        return not holders or holders != {self.reordering_worker()}
+        busy = self.reordering_worker()
+        return busy is None or busy not in holders or len(holders) > 1
 
     def reorder(self, sid: Sid, wid: int) -> None:
         """Re-order state `sid` in full (`Evaluator.reordered`) in worker `wid`, which holds it,
