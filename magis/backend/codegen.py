@@ -38,7 +38,10 @@ class Program:
     host_pool: HostPool  # where Store puts tensors (swapping)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
-        return self.fn(*inputs)
+        self.host_pool.begin_call()
+        out = self.fn(*inputs)
+        self.host_pool.join()  # Store/Load copies end inside the call (a CUDA graph needs it)
+        return out
 
 
 def _identifier(name: str, taken: set[str]) -> str:

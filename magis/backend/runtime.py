@@ -1,10 +1,25 @@
 """What generated programs call besides torch.ops.aten: Store and Load (MAGIS §5.2, §6.2).
 
 A Store copies a device tensor into host memory, a Load copies it back. On a GPU both run on a
-side CUDA stream: the Store waits (by event) for the tensor to be produced, the Load's user waits
-(by event) for the copy to land, so the transfer overlaps compute. On a CPU the "host pool" is
-ordinary memory kept apart from the program's measured footprint: its bytes are counted here,
-not by the dispatch tracker, and reported beside the device figure.
+side CUDA stream (the simulator's copy stream) and nothing waits on the host:
+
+- a Store's copy waits (by event) for the compute stream to reach it, so the tensor has been
+  produced; `record_stream` keeps the caching allocator from reusing the tensor's block before
+  the copy has read it;
+- a Load's destination is allocated on the compute stream at the Load's place in the program
+  (as the simulator counts it), the copy waits (by event) for the compute stream to reach that
+  place, so the block is free, and the Load's first user waits (by event, `ready`) for the copy
+  to land. A Load follows its Store on the same side stream, so it never reads a half-written
+  host buffer;
+- at the program's end the compute stream waits for the side stream (`join`), which a CUDA
+  graph capture requires of every stream it forked.
+
+Host buffers are pinned and kept by the pool, one per Store in the program's call order, and
+reused on later calls: the program's shapes never change, the pinned allocation is paid once,
+and a CUDA graph (`magis.train.cuda_graph`) replays copies into the very buffers it captured.
+
+On a CPU the "host pool" is ordinary memory kept apart from the program's measured footprint:
+its bytes are counted here, not by the dispatch tracker, and reported beside the device figure.
 """
 
 from __future__ import annotations
@@ -24,10 +39,18 @@ class HostPool:
     peak_bytes: int = 0
     _copy_stream: object = None
     _ready: dict[int, object] = field(default_factory=dict)  # id(device tensor) -> cuda event
+    _pinned: list[torch.Tensor] = field(default_factory=list)  # one per Store, in call order
+    _next: int = 0  # the next Store's index in `_pinned` during a call
+
+    def begin_call(self) -> None:
+        """A program call starts: its first Store takes the first pinned buffer again."""
+        self._next = 0
 
     def store(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return self._store_cuda(x)
         with _disable_current_modes():  # host memory is not the device footprint being measured
-            host = self._to_host(x)
+            host = x.detach().clone()
         nbytes = host.untyped_storage().nbytes()
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -37,9 +60,13 @@ class HostPool:
     def load(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             return host.clone()
+        out = torch.empty(host.shape, dtype=host.dtype, device=device)  # on the compute stream
+        reached = torch.cuda.Event()
+        reached.record()
         stream = self._stream()
         with torch.cuda.stream(stream):
-            out = host.to(device, non_blocking=True)
+            stream.wait_event(reached)
+            out.copy_(host, non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
         self._ready[id(out)] = done
@@ -50,20 +77,38 @@ class HostPool:
         done = self._ready.pop(id(x), None)
         if done is not None:
             torch.cuda.current_stream().wait_event(done)
-            x.record_stream(torch.cuda.current_stream())
 
-    def _to_host(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cuda:
-            return x.detach().clone()
+    def join(self) -> None:
+        """The compute stream waits for every copy issued so far (a program's end)."""
+        if self._copy_stream is not None:
+            torch.cuda.current_stream().wait_stream(self._copy_stream)
+
+    def _store_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        host = self._pinned_buffer(x)
         produced = torch.cuda.Event()
         produced.record()
         stream = self._stream()
         with torch.cuda.stream(stream):
             stream.wait_event(produced)
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
             host.copy_(x, non_blocking=True)
             x.record_stream(stream)  # the caching allocator must not reuse x before the copy ends
-        stream.synchronize()  # a Load may read it next; pinned copies are fast, keep it simple
+        return host
+
+    def _pinned_buffer(self, x: torch.Tensor) -> torch.Tensor:
+        """The pinned host buffer of this call's next Store: made on the first call, reused."""
+        k, self._next = self._next, self._next + 1
+        if k < len(self._pinned):
+            host = self._pinned[k]
+            if host.shape == x.shape and host.dtype == x.dtype:
+                return host
+        with _disable_current_modes():
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        if k < len(self._pinned):
+            self._pinned[k] = host
+        else:
+            self._pinned.append(host)
+        self.live_bytes = sum(h.untyped_storage().nbytes() for h in self._pinned)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return host
 
     def _stream(self):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from magis.capture.steps import default_dtype
-from magis.capture.workloads import get_workload
+from magis.capture.workloads import Workload, get_workload
 from magis.train import compile_program_order
 
 OPTIMIZERS: dict[str, Callable] = {
@@ -68,11 +68,7 @@ def _bench_one(name, repeats, optimizer, warmup, progress) -> TrainBenchRow:
         batch = wl.make_inputs(wl.batch)
     model_b.load_state_dict(model_a.state_dict())
 
-    def loss_fn(model, *data):
-        if wl.loss_fn is None:  # the model's forward is the loss (a corpus workload)
-            return model(*data)
-        return wl.loss_fn(model(data[0]), *data)
-
+    loss_fn = workload_loss(wl)
     opt_a, opt_b = make_opt(model_a.parameters()), make_opt(model_b.parameters())
     start = time.perf_counter()
     step = compile_program_order(model_b, opt_b, batch, loss_fn=loss_fn)
@@ -95,6 +91,17 @@ def _bench_one(name, repeats, optimizer, warmup, progress) -> TrainBenchRow:
         magis_s / eager_s,
         capture_s,
     )
+
+
+def workload_loss(wl: Workload) -> Callable[..., torch.Tensor]:
+    """`loss_fn(model, *batch)` of a workload, as a user passes it to `magis.compile`."""
+
+    def loss_fn(model, *data):
+        if wl.loss_fn is None:  # the model's forward is the loss (a corpus workload)
+            return model(*data)
+        return wl.loss_fn(model(data[0]), *data)
+
+    return loss_fn
 
 
 def _interleaved(a: Callable[[], None], b: Callable[[], None], repeats: int, warmup: int):

@@ -340,3 +340,63 @@ def bench_train_cmd(
         )  # fmt: skip
     console.print(table)
     write_json(json_path, {"rows": [r.to_json() for r in rows]})
+
+
+@bench_app.command("gpu")
+def bench_gpu_cmd(
+    workloads: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Workloads (default on cuda: bert-base resnet50 unet corpus:gpt2; on cpu: the "
+            "first three :tiny)."
+        ),
+    ] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="cuda, or cpu for the same figures.")
+    ] = "cuda",
+    budget: BudgetOpt = 30.0,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per variant.")] = 10,
+    deadline: Annotated[
+        float | None,
+        typer.Option("--deadline", help="Seconds after which no further workload starts."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for gpu.md and gpu.json.")
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Plans run on a GPU: eager, program order, mem 0.5, lat 1.10 and a swap-heavy plan, each
+    measured (peak, step time, verified) beside the simulator on the profiled cost model, and
+    the roofline presets against it per op class (issue 41). One command on the GPU machine:
+    scripts/gpu-check."""
+    import json
+
+    from magis.bench.gpu import GpuBenchOptions, bench_gpu
+    from magis.bench.gpu_report import format_markdown
+
+    if device not in ("cuda", "cpu"):
+        raise UsageError(f"--device {device!r}: choose cuda or cpu")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(
+                "magis bench gpu needs a GPU and torch sees none: run scripts/gpu-check on the "
+                "GPU machine, or give --device cpu for the same figures on this CPU"
+            )
+    folder = check_output_folder(out, "--out") if out is not None else None
+
+    def save(report) -> None:  # after every row: a run cut short keeps what it measured
+        data = report.to_json()
+        for path in (json_path, folder / "gpu.json" if folder else None):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(data, indent=2) + "\n")
+        if folder is not None:
+            (folder / "gpu.md").write_text(format_markdown(report))
+
+    options = GpuBenchOptions(device=device, time_budget=budget, steps=steps, deadline_s=deadline)
+    with spinner("bench gpu") as progress:
+        report = bench_gpu(workloads, options, progress=progress, on_update=save)
+    save(report)
+    console.print(format_markdown(report), markup=False, highlight=False)

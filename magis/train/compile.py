@@ -69,6 +69,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     plan: str | Path | Plan | None = None,
     clip_grad_norm: float | None = None,
     measure: bool = False,
+    cuda_graph: bool | None = None,
 ) -> TrainStep:
     """A `TrainStep` training `model` with `optimizer`: `loss = train_step(*batch, **kwargs)`.
 
@@ -78,14 +79,23 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     `lat_limit` (a ratio, or a time) picks the search's objective, `time_budget` its seconds,
     `hardware` its cost model; `plan=` reuses a saved plan instead. `clip_grad_norm` clips the
     gradients' global norm first (torch.nn.utils.clip_grad_norm_). `measure` records each
-    call's measured peak in `train_step.last_peak_bytes`.
+    call's measured peak in `train_step.last_peak_bytes`. On a GPU the program is replayed as a
+    CUDA graph from the second call on (`magis.train.cuda_graph`); `cuda_graph=False` runs it
+    as generated code every call.
     """
     _check_limits(mem_limit, lat_limit, plan)
-    prepared = _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad_norm)
+    prepared = prepare_step(
+        model,
+        optimizer,
+        example_batch,
+        example_kwargs,
+        loss_fn=loss_fn,
+        clip_grad_norm=clip_grad_norm,
+    )
     chosen = _plan_for(
         prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
     )
-    return prepared.train_step(chosen, clip_grad_norm, measure)
+    return prepared.train_step(chosen, clip_grad_norm, measure, cuda_graph)
 
 
 def compile_program_order(
@@ -97,13 +107,22 @@ def compile_program_order(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     clip_grad_norm: float | None = None,
     measure: bool = False,
+    cuda_graph: bool | None = None,
 ) -> TrainStep:
     """`compile` without a search: the captured program order as its plan. The baseline of
     `magis.bench.train` (what running a plan costs beside eager PyTorch); its plan cannot be
     saved, and a user who wants no memory saving has eager PyTorch."""
-    prepared = _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad_norm)
+    prepared = prepare_step(
+        model,
+        optimizer,
+        example_batch,
+        example_kwargs,
+        loss_fn=loss_fn,
+        clip_grad_norm=clip_grad_norm,
+    )
     graph = prepared.step.graph
-    return prepared.train_step(ProgramOrder(graph, graph.program_order()), clip_grad_norm, measure)
+    order = ProgramOrder(graph, graph.program_order())
+    return prepared.train_step(order, clip_grad_norm, measure, cuda_graph)
 
 
 @dataclass(frozen=True)
@@ -115,8 +134,8 @@ class ProgramOrder:
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """A captured training step and what its TrainStep needs besides a plan."""
+class PreparedStep:
+    """A captured training step and what its TrainStep needs besides a plan (`prepare_step`)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -126,7 +145,13 @@ class _Prepared:
     trainable: list[str]
     device: torch.device
 
-    def train_step(self, plan, clip_grad_norm: float | None, measure: bool) -> TrainStep:
+    def train_step(
+        self,
+        plan,
+        clip_grad_norm: float | None = None,
+        measure: bool = False,
+        cuda_graph: bool | None = None,
+    ) -> TrainStep:
         return TrainStep(
             self.model,
             self.optimizer,
@@ -137,11 +162,22 @@ class _Prepared:
             self.trainable,
             clip_grad_norm=clip_grad_norm,
             measure=measure,
+            cuda_graph=cuda_graph,
         )
 
 
-def _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad_norm) -> _Prepared:
-    """Check the arguments and capture the step (everything but the plan)."""
+def prepare_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_batch: tuple | torch.Tensor = (),
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    clip_grad_norm: float | None = None,
+) -> PreparedStep:
+    """Check the arguments and capture the step: everything `compile` does but the plan. Its
+    `train_step(plan, ...)` makes a `TrainStep` of any plan of that step (`magis bench gpu` runs
+    several plans of one capture this way)."""
     _check_model_and_optimizer(model, optimizer)
     args = example_batch if isinstance(example_batch, tuple) else (example_batch,)
     kwargs = dict(example_kwargs or {})
@@ -165,7 +201,7 @@ def _prepare(model, optimizer, example_batch, example_kwargs, loss_fn, clip_grad
                 "example_kwargs= and call train_step(**batch)"
             ) from exc
         raise
-    return _Prepared(model, optimizer, step, rule, batch, names, device)
+    return PreparedStep(model, optimizer, step, rule, batch, names, device)
 
 
 def _check_limits(mem_limit, lat_limit, plan) -> None:

@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 from magis.backend import LiveBytesTracker, compile_program
 from magis.capture.trace import Step
 from magis.errors import MagisError
+from magis.train.cuda_graph import GraphedProgram
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ class TrainStep:
         trainable: Sequence[str],
         clip_grad_norm: float | None = None,
         measure: bool = False,
+        cuda_graph: bool | None = None,
     ) -> None:
         self.model, self.optimizer, self.step, self.batch = model, optimizer, step, batch
         self._plan = plan
@@ -154,11 +156,26 @@ class TrainStep:
         self._scalar_views = [self._scalars[i] for i in range(n_scalars)]
         self._constants = [c.to(self.device) for c in step.program_inputs([])]
         self.program = compile_program(plan.graph, plan.order, self.device)
+        # A CUDA graph replays the program (magis.train.cuda_graph): on by default on a GPU;
+        # `measure` needs the program's ops dispatched one by one, so it runs without one.
+        on_gpu = self.device.type == "cuda"
+        if cuda_graph and not on_gpu:
+            raise BatchError(
+                f"cuda_graph=True needs a model on a GPU; this one is on {self.device}"
+            )
+        self.cuda_graph = on_gpu and cuda_graph is not False and not measure
+        self._graphed: GraphedProgram | None = None
 
     @property
     def plan(self) -> Plan:
         """The plan this step runs (`.save(path)`, then `magis.compile(..., plan=path)`)."""
         return self._plan
+
+    @property
+    def captured_peak_bytes(self) -> int | None:
+        """Under a CUDA graph, the allocator's peak while the program was captured (resident
+        inputs included): what each replay holds. None before the capture (the second call)."""
+        return self._graphed.captured_peak_bytes if self._graphed is not None else None
 
     @property
     def simulated_peak_bytes(self) -> int:
@@ -194,11 +211,16 @@ class TrainStep:
             *self._constants,
         ]
         with torch.no_grad():
-            out = self._run(flat)
+            out = self._run(flat, len(data))
         opt.record_step(self.optimizer, self._trainable, state, self._trained)
         return out[0]
 
-    def _run(self, flat: list[torch.Tensor]) -> tuple:
+    def _run(self, flat: list[torch.Tensor], n_data: int) -> tuple:
+        if self.cuda_graph:
+            if self._graphed is None:
+                first = len(flat) - len(self._constants) - n_data
+                self._graphed = GraphedProgram(self.program, range(first, first + n_data))
+            return self._graphed(*flat)
         if not self.measure:
             return self.program(*flat)
         tracker = LiveBytesTracker(flat)

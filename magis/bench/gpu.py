@@ -1,0 +1,417 @@
+"""`magis bench gpu`: plans measured where users train, beside what the simulator said (issue 41).
+
+For each workload, one model and one `torch.optim.AdamW` on the device take steps five ways:
+
+- `eager`: `zero_grad`, forward and loss, `backward`, `optimizer.step()`;
+- `program-order`: `magis.compile`'s step with the captured program order as its plan;
+- `mem-0.5` and `lat-1.10`: plans searched (`magis.optimize`) on the cost model profiled on this
+  device (`--hardware cuda`: every op of the step timed here first), under each limit;
+- `swap`: the offloading peer's (POFO) point that stores the most bytes, so that its
+  Store/Load copies on the side stream are measured against the two-stream simulation.
+
+Each magis variant is a `TrainStep` (on a GPU replayed as a CUDA graph, `magis.train.cuda_graph`)
+on the same model and optimizer, so all five hold the same weights and optimizer state; one
+variant runs at a time and its program (its graph's memory pool) is dropped before the next.
+
+How each figure is measured:
+
+- `measured_peak_bytes`: the step's own peak: the allocator's peak during the step (reset per
+  step) minus what was allocated before it, plus the step's resident tensors (weights, buffers,
+  optimizer state, the batch). On a GPU that is `torch.cuda.max_memory_allocated`; under a CUDA
+  graph, the peak while the program was captured (replays allocate nothing). On a CPU, the
+  dispatch tracker (`magis.backend.LiveBytesTracker`). The largest over the timed steps.
+- `step_s`: the median over `steps` timed steps after `warmup` untimed ones (CUDA events on a
+  GPU, the wall clock on a CPU).
+- `simulated_*`: the simulator on the profiled cost model, for the graph and order the variant
+  runs (null for eager).
+- `verified`: from the same weights, optimizer state and RNG seed, one step of the variant and
+  one eager step; the loss, every parameter and every optimizer state tensor agree to
+  `tolerance` (relative to the largest magnitude, `magis.backend.executor.relative_error`).
+  Float32 with TF32 off; 1e-3 on a GPU (atomics in embedding and index backward sum in any
+  order), 1e-4 on a CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from magis.bench.gpu_measure import DeviceMeter, StateSnapshot
+from magis.bench.train import workload_loss
+from magis.capture.building import default_dtype
+from magis.capture.workloads import get_workload
+from magis.cost import HARDWARE_PRESETS, CostModel, get_cost_model
+from magis.cost.op_classes import OP_CLASSES, op_class
+from magis.errors import MagisError
+from magis.ir import Graph
+from magis.sim import simulate
+
+VARIANTS: tuple[str, ...] = ("eager", "program-order", "mem-0.5", "lat-1.10", "swap")
+GPU_WORKLOADS: tuple[str, ...] = ("bert-base", "resnet50", "unet", "corpus:gpt2")
+CPU_WORKLOADS: tuple[str, ...] = ("bert-base:tiny", "resnet50:tiny", "unet:tiny")
+LIMITS = {"mem-0.5": {"mem_limit": 0.5}, "lat-1.10": {"lat_limit": 1.10}}
+
+
+class NoGpuError(MagisError):
+    """`magis bench gpu` on a machine whose torch sees no CUDA device."""
+
+
+@dataclass
+class GpuRow:
+    """One workload run one way (`variant`); see the module docstring for each figure."""
+
+    workload: str
+    variant: str
+    measured_peak_bytes: int | None = None
+    simulated_peak_bytes: int | None = None
+    step_s: float | None = None
+    simulated_latency_s: float | None = None
+    verified: bool | None = None
+    max_rel_err: float | None = None
+    ops: int | None = None  # ops the variant's program runs (None for eager)
+    stores: int = 0  # Store ops (host offloads) in its program
+    cuda_graph: bool = False
+    search_s: float | None = None  # the search's (or the peer's) seconds
+    error: str | None = None  # why the variant has no figures
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class OpClassRow:
+    """One roofline preset against the profiled model on one class of ops, over all workloads."""
+
+    preset: str
+    op_class: str
+    ops: int
+    profiled_s: float
+    preset_s: float
+
+    @property
+    def ratio(self) -> float | None:
+        return self.preset_s / self.profiled_s if self.profiled_s > 0 else None
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio}
+
+
+@dataclass
+class GpuReport:
+    device: str
+    torch: str
+    device_type: str
+    tolerance: float
+    time_budget: float
+    steps: int
+    rows: list[GpuRow] = field(default_factory=list)
+    op_classes: list[OpClassRow] = field(default_factory=list)
+    profiling_s: dict[str, float] = field(default_factory=dict)  # workload -> seconds
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "torch": self.torch,
+            "device_type": self.device_type,
+            "tolerance": self.tolerance,
+            "time_budget": self.time_budget,
+            "steps": self.steps,
+            "wall_s": self.wall_s,
+            "profiling_s": self.profiling_s,
+            "rows": [r.to_json() for r in self.rows],
+            "op_classes": [r.to_json() for r in self.op_classes],
+        }
+
+
+@dataclass(frozen=True)
+class GpuBenchOptions:
+    device: str = "cuda"
+    time_budget: float = 30.0  # seconds per search
+    steps: int = 10  # timed steps per variant
+    warmup: int = 3
+    tolerance: float | None = None  # None: 1e-3 on a GPU, 1e-4 on a CPU
+    deadline_s: float | None = None  # stop starting workloads after this many seconds
+
+
+def bench_gpu(
+    workloads: Sequence[str] | None = None,
+    options: GpuBenchOptions = GpuBenchOptions(),
+    progress: Callable[[str], None] = lambda _: None,
+    on_update: Callable[[GpuReport], None] = lambda _: None,
+) -> GpuReport:
+    """Measure every workload's five variants (module docstring); `on_update` gets the report
+    after every row, so that an interrupted run leaves what it measured."""
+    device = _device(options.device)
+    names = list(workloads or (GPU_WORKLOADS if device.type == "cuda" else CPU_WORKLOADS))
+    for name in names:
+        get_workload(name)  # an unknown name fails before any work
+    tolerance = options.tolerance or (1e-3 if device.type == "cuda" else 1e-4)
+    report = GpuReport(
+        _device_name(device), torch.__version__, device.type, tolerance,
+        options.time_budget, options.steps,
+    )  # fmt: skip
+    start = time.perf_counter()
+    cost = get_cost_model(device.type)
+    sums: dict[tuple[str, str], list[float]] = {}
+    with _exact_float32():
+        for name in names:
+            if options.deadline_s is not None and time.perf_counter() - start > options.deadline_s:
+                report.rows.append(GpuRow(name, "eager", error="skipped: past the deadline"))
+                continue
+            _bench_workload(name, device, cost, options, tolerance, report, sums, progress,
+                            on_update)  # fmt: skip
+            report.op_classes = _op_class_rows(sums)
+            report.wall_s = time.perf_counter() - start
+            on_update(report)
+            _release(device)
+    report.wall_s = time.perf_counter() - start
+    return report
+
+
+def _device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NoGpuError(
+            "magis bench gpu needs a GPU and torch sees none: run it on the GPU machine "
+            "(scripts/gpu-check), or give --device cpu for the same figures on this CPU"
+        )
+    if device.type not in ("cuda", "cpu"):
+        raise MagisError(f"--device {name!r}: choose cuda or cpu")
+    return device
+
+
+def _device_name(device: torch.device) -> str:
+    from magis.cost.profiled import device_name
+
+    return device_name(device)
+
+
+class _exact_float32:
+    """TF32 off for the run: float32 means float32, on both the eager and the magis side."""
+
+    def __enter__(self):
+        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._saved
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+# --- one workload --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Case:
+    """A workload's model, optimizer, batch and loss on the device."""
+
+    name: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: tuple[torch.Tensor, ...]
+    loss_fn: Callable[..., torch.Tensor]
+
+    def eager_step(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model, *self.batch)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+
+def _build_case(name: str, device: torch.device) -> _Case:
+    wl = get_workload(name)
+    with default_dtype(torch.float32):
+        torch.manual_seed(0)
+        model = wl.build(torch.float32).to(device)
+        batch = tuple(t.to(device) for t in wl.make_inputs(wl.batch))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    return _Case(name, model, optimizer, batch, workload_loss(wl))
+
+
+def _bench_workload(name, device, cost, options, tolerance, report, sums, progress, on_update):
+    def add(row: GpuRow) -> None:
+        report.rows.append(row)
+        on_update(report)
+
+    progress(f"{name}: building on {device}")
+    try:
+        case = _build_case(name, device)
+    except Exception as exc:  # noqa: BLE001 - one workload's failure leaves the others' rows
+        add(GpuRow(name, "eager", error=_why(exc)))
+        return
+    meter = DeviceMeter(device)
+    progress(f"{name}: eager")
+    add(_measured(GpuRow(name, "eager"), case.eager_step, case, meter, options))
+    try:
+        progress(f"{name}: capturing")
+        from magis.train.compile import ProgramOrder, prepare_step
+
+        prepared = prepare_step(case.model, case.optimizer, case.batch, loss_fn=case.loss_fn)
+        graph = prepared.step.graph
+        progress(f"{name}: profiling its ops on {device}")
+        t0 = time.perf_counter()
+        _profile(cost, graph)
+        report.profiling_s[name] = time.perf_counter() - t0
+        _add_op_classes(sums, graph, cost)
+    except Exception as exc:  # noqa: BLE001
+        for variant in VARIANTS[1:]:
+            add(GpuRow(name, variant, error=_why(exc)))
+        return
+    plans = {"program-order": lambda: (ProgramOrder(graph, graph.program_order()), None)}
+    for variant, limit in LIMITS.items():
+        plans[variant] = lambda limit=limit: _searched(prepared.step, cost, limit, options)
+    plans["swap"] = lambda: _swap_heavy(graph, cost)
+    for variant, make in plans.items():
+        progress(f"{name}: {variant}")
+        row = GpuRow(name, variant, cuda_graph=device.type == "cuda")
+        try:
+            plan, row.search_s = make()
+            row.ops, row.stores = _op_counts(plan.graph, plan.order)
+            sim = simulate(plan.graph, plan.order, cost)
+            row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
+            train_step = prepared.train_step(plan)
+            row = _verified(row, case, train_step, meter, tolerance)
+            row = _measured(row, lambda ts=train_step: ts(*case.batch), case, meter, options,
+                            train_step)  # fmt: skip
+            del train_step
+        except Exception as exc:  # noqa: BLE001
+            row.error = _why(exc)
+        add(row)
+        _release(device)
+
+
+def _profile(cost: CostModel, graph: Graph) -> None:
+    profile = getattr(cost, "profile_graph", None)
+    if profile is not None:
+        profile(graph)
+
+
+def _searched(step, cost: CostModel, limit: dict, options: GpuBenchOptions):
+    from magis.commands.optimize import optimize
+
+    start = time.perf_counter()
+    plan = optimize(step, time_budget=options.time_budget, hardware=cost, **limit)
+    return plan, time.perf_counter() - start
+
+
+def _swap_heavy(graph: Graph, cost: CostModel):
+    """The offloading peer's point that stores the most bytes (its least-memory setting)."""
+    from magis.baselines import BaselinePoint, get_baseline
+    from magis.train.compile import ProgramOrder
+
+    start = time.perf_counter()
+    points = [p for p in get_baseline("pofo").points(graph, cost) if isinstance(p, BaselinePoint)]
+    swapping = [p for p in points if p.sim.host_peak_bytes > 0]
+    if not swapping:
+        raise MagisError("the offloading peer (pofo) stores nothing on this workload")
+    best = max(swapping, key=lambda p: (p.sim.host_peak_bytes, -p.memory))
+    return ProgramOrder(best.graph, list(best.order)), time.perf_counter() - start
+
+
+def _op_counts(graph: Graph, order: Sequence[int]) -> tuple[int, int]:
+    from magis.ir.ops import STORE_OP
+
+    ops = stores = 0
+    for nid in order:
+        node = graph.node(nid)
+        if node.is_placeholder:
+            continue
+        ops += 1
+        stores += node.op == STORE_OP
+    return ops, stores
+
+
+def _verified(row: GpuRow, case: _Case, train_step, meter: DeviceMeter, tolerance: float):
+    """One step of the variant and one eager step from the same state and seed, compared.
+
+    The variant is warmed up first (its first call runs the generated code; on a GPU the
+    second captures the CUDA graph), so that what is compared is what is timed: a replay."""
+    for _ in range(2):
+        train_step(*case.batch)
+    snapshot = StateSnapshot.of(case.model, case.optimizer)
+    torch.manual_seed(1234)
+    expected_loss = case.eager_step()
+    expected = StateSnapshot.of(case.model, case.optimizer)
+    snapshot.restore(case.model, case.optimizer)
+    torch.manual_seed(1234)
+    loss = train_step(*case.batch)
+    meter.sync()
+    err = max(
+        expected.max_rel_err(StateSnapshot.of(case.model, case.optimizer)),
+        _rel(loss, expected_loss),
+    )
+    row.max_rel_err, row.verified = err, err <= tolerance
+    return row
+
+
+def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    from magis.backend.executor import relative_error
+
+    return relative_error(actual.detach().cpu(), expected.detach().cpu())
+
+
+def _measured(row: GpuRow, step: Callable[[], object], case: _Case, meter: DeviceMeter,
+              options: GpuBenchOptions, train_step=None) -> GpuRow:  # fmt: skip
+    """Warm-up steps, then `steps` timed ones: median time and largest peak."""
+    try:
+        for _ in range(options.warmup):
+            step()
+        times, peaks = [], []
+        for _ in range(options.steps):
+            seconds, peak = meter.step(step, case.model, case.optimizer, case.batch)
+            times.append(seconds)
+            peaks.append(peak)
+        captured = getattr(train_step, "captured_peak_bytes", None)
+        row.step_s = statistics.median(times)
+        row.measured_peak_bytes = max([*peaks, captured or 0])
+    except Exception as exc:  # noqa: BLE001
+        row.error = _why(exc)
+    return row
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+# --- the presets against the profiled model --------------------------------------------------------
+
+
+def _add_op_classes(sums: dict, graph: Graph, profiled: CostModel) -> None:
+    """Add each op's time on the profiled model and on every preset to its class's sums."""
+    presets = {name: get_cost_model(name) for name in HARDWARE_PRESETS}
+    for nid in graph.program_order():
+        node = graph.node(nid)
+        if node.is_placeholder or graph.info(nid).is_view:
+            continue
+        klass = op_class(node.op)
+        measured = profiled.op_time(graph, nid)
+        for name, model in presets.items():
+            row = sums.setdefault((name, klass), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += measured
+            row[2] += model.op_time(graph, nid)
+
+
+def _op_class_rows(sums: dict) -> list[OpClassRow]:
+    rows = []
+    for preset in HARDWARE_PRESETS:
+        for klass in OP_CLASSES:
+            if (preset, klass) in sums:
+                n, measured, estimated = sums[preset, klass]
+                rows.append(OpClassRow(preset, klass, int(n), measured, estimated))
+    return rows

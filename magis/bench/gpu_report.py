@@ -1,0 +1,151 @@
+"""The markdown of `magis bench gpu`: the rows, the issue's targets met or missed, the presets.
+
+Targets (issue 41), each checked per workload from the measured rows:
+
+- every plan's measured peak within 2% of its simulated peak (profiled cost model);
+- `mem-0.5`: measured peak at most 0.52 of eager's measured peak;
+- `lat-1.10`: step time at most 1.12x eager's;
+- `program-order` (a CUDA graph on a GPU): step time at most 1.00x eager's;
+- `swap`: step time within 5% of the two-stream simulation.
+
+A missed target stays in the table; nothing here drops a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from magis.bench.gpu import OP_CLASSES, GpuReport, GpuRow
+
+MIB = 2**20
+
+
+def _mib(nbytes: int | None) -> str:
+    return "—" if nbytes is None else f"{nbytes / MIB:,.1f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or not b else f"{a / b:.3f}"
+
+
+def _eager(rows: Sequence[GpuRow], workload: str) -> GpuRow | None:
+    return next((r for r in rows if r.workload == workload and r.variant == "eager"), None)
+
+
+def target_checks(report: GpuReport) -> list[tuple[str, str, str, bool | None]]:
+    """(workload, target, measured figure, met) for every row a target applies to."""
+    checks = []
+    for row in report.rows:
+        eager = _eager(report.rows, row.workload)
+        if row.variant == "eager" or row.error:
+            continue
+        if row.measured_peak_bytes and row.simulated_peak_bytes:
+            dev = row.measured_peak_bytes / row.simulated_peak_bytes - 1
+            checks.append(
+                (row.workload, f"{row.variant}: peak within 2% of simulated", f"{dev:+.1%}",
+                 abs(dev) <= 0.02)
+            )  # fmt: skip
+        base_peak = eager.measured_peak_bytes if eager else None
+        base_time = eager.step_s if eager else None
+        if row.variant == "mem-0.5" and row.measured_peak_bytes and base_peak:
+            r = row.measured_peak_bytes / base_peak
+            checks.append((row.workload, "mem-0.5: peak <= 0.52 of eager", f"{r:.3f}", r <= 0.52))
+        if row.variant == "lat-1.10" and row.step_s and base_time:
+            r = row.step_s / base_time
+            checks.append((row.workload, "lat-1.10: time <= 1.12x eager", f"{r:.3f}", r <= 1.12))
+        if row.variant == "program-order" and row.step_s and base_time:
+            r = row.step_s / base_time
+            checks.append(
+                (row.workload, "program-order: time <= 1.00x eager", f"{r:.3f}", r <= 1.00)
+            )
+        if row.variant == "swap" and row.step_s and row.simulated_latency_s:
+            dev = row.step_s / row.simulated_latency_s - 1
+            checks.append(
+                (row.workload, "swap: time within 5% of simulated", f"{dev:+.1%}", abs(dev) <= 0.05)
+            )
+    return checks
+
+
+def format_markdown(report: GpuReport) -> str:
+    lines = [
+        f"# magis bench gpu on {report.device}",
+        "",
+        f"torch {report.torch}, float32 (TF32 off), AdamW; {report.steps} timed steps per "
+        f"variant (median), searches of {report.time_budget:g} s on the cost model profiled on "
+        f"this {report.device_type.upper()}; verification against eager to "
+        f"{report.tolerance:g} (relative); {report.wall_s:.0f} s in all.",
+        "",
+        "| workload | variant | measured peak MiB | simulated MiB | meas / sim | peak / eager "
+        "| step ms | simulated ms | meas / sim | time / eager | verified (max rel err) | ops "
+        "| stores | CUDA graph | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report.rows:
+        eager = _eager(report.rows, row.workload)
+        verified = "—" if row.verified is None else f"{'yes' if row.verified else 'NO'} "
+        if row.max_rel_err is not None:
+            verified += f"({row.max_rel_err:.1e})"
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    row.workload,
+                    row.variant,
+                    _mib(row.measured_peak_bytes),
+                    _mib(row.simulated_peak_bytes),
+                    _ratio(row.measured_peak_bytes, row.simulated_peak_bytes),
+                    _ratio(row.measured_peak_bytes, eager.measured_peak_bytes if eager else None),
+                    _ms(row.step_s),
+                    _ms(row.simulated_latency_s),
+                    _ratio(row.step_s, row.simulated_latency_s),
+                    _ratio(row.step_s, eager.step_s if eager else None),
+                    verified,
+                    "—" if row.ops is None else str(row.ops),
+                    str(row.stores),
+                    "yes" if row.cuda_graph else "no",
+                    (row.error or "").replace("|", "/"),
+                ]
+            )  # fmt: skip
+            + " |"
+        )
+    checks = target_checks(report)
+    if checks:
+        met = sum(1 for c in checks if c[3])
+        lines += ["", f"## Targets: {met} of {len(checks)} met", "",
+                  "| workload | target | measured | met |", "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {w} | {t} | {v} | {'yes' if ok else 'NO'} |" for w, t, v, ok in checks]
+    lines += _op_class_table(report)
+    return "\n".join(lines) + "\n"
+
+
+def _op_class_table(report: GpuReport) -> list[str]:
+    if not report.op_classes:
+        return []
+    presets = sorted({r.preset for r in report.op_classes})
+    by = {(r.preset, r.op_class): r for r in report.op_classes}
+    lines = [
+        "",
+        "## Roofline presets against the profiled model",
+        "",
+        "Each preset's time over the profiled time, per op class, summed over every op of every "
+        "workload's captured step (above 1: the preset is slower than this card).",
+        "",
+        "| op class | ops | profiled ms | " + " | ".join(presets) + " |",
+        "|---|---|---|" + "---|" * len(presets),
+    ]
+    for klass in OP_CLASSES:
+        first = next((by[p, klass] for p in presets if (p, klass) in by), None)
+        if first is None:
+            continue
+        ratios = []
+        for p in presets:
+            r = by.get((p, klass))
+            ratios.append("—" if r is None or r.ratio is None else f"{r.ratio:.2f}")
+        lines.append(
+            f"| {klass} | {first.ops} | {first.profiled_s * 1e3:.1f} | " + " | ".join(ratios) + " |"
+        )
+    return lines
