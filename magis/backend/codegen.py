@@ -107,7 +107,7 @@ def literal(value, names: Names) -> str:
     )
 
 
-def call_source(graph: Graph, nid: int, names: Names) -> str:
+def call_source(graph: Graph, nid: int, names: Names, device_type: str = "cpu") -> str:
     node = graph.node(nid)
     overload = check_node(node, f"node {node.id} ({shown(node.name)})")
     if overload is None:  # Store / Load: the runtime's host pool does the copy
@@ -122,6 +122,8 @@ def call_source(graph: Graph, nid: int, names: Names) -> str:
                 f"{node.op} has no out= overload to write {node.name} in place"
             )
         kwargs.append(f"out={names[node.writes_into]}")
+    if node.op == "aten.bernoulli.p" and device_type == "cuda" and _keep_probability(node):
+        return _drawn_as_cuda_dropout(args[0], node.args[1], graph.meta(Ref(nid)).torch_dtype)
     if node.op == "aten.bernoulli.p" and not graph.meta(node.inputs[0]).is_row_major:
         return _drawn_in_memory_order(args, kwargs)
     return f"{_callee(overload)}({', '.join(args + kwargs)})"
@@ -136,6 +138,23 @@ def _drawn_in_memory_order(args: list[str], kwargs: list[str]) -> str:
     laid_out_like_x = f"aten.empty_like.default({args[0]})"
     in_place = f"aten.bernoulli_.float({', '.join([laid_out_like_x, *args[1:], *kwargs])})"
     return f"aten.clone.default({in_place}, memory_format=torch.contiguous_format)"
+
+
+def _keep_probability(node) -> bool:
+    """A bernoulli.p with a constant probability and no generator of its own: dropout's mask."""
+    keep = node.args[1] if len(node.args) == 2 else None
+    return isinstance(keep, float) and 0.0 < keep < 1.0 and not node.kwargs
+
+
+def _drawn_as_cuda_dropout(x: str, keep: float, dtype: torch.dtype) -> str:
+    """Dropout's mask as eager draws it on a GPU. There `F.dropout` runs the fused
+    `native_dropout` kernel, whose Philox stream differs from `bernoulli_`'s; the capture records
+    dropout as `bernoulli.p(x, 1 - p)` (the CPU decomposition). Drawing the mask with the fused
+    kernel itself (its second output; the first is discarded) gives eager's mask from the same
+    seed, so plans verify against eager on a GPU as on a CPU, CUDA graphs included."""
+    drop = float(f"{1.0 - keep:.15g}")  # 1 - 0.9 is 0.09999999999999998: the user wrote 0.1
+    mask = f"aten.native_dropout.default({x}, {float.__repr__(drop)}, True)[1]"
+    return f"aten._to_copy.default({mask}, dtype={dtype})"
 
 
 def _callee(overload: torch._ops.OpOverload) -> str:
@@ -166,8 +185,11 @@ def _last_uses(graph: Graph, order: list[int]) -> dict[int, list[Ref]]:
     return dropped
 
 
-def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
-    """Python source of `fn_name(*placeholders)` running `graph` in `order`."""
+def generate(
+    graph: Graph, order: list[int], fn_name: str = "program", device_type: str = "cpu"
+) -> str:
+    """Python source of `fn_name(*placeholders)` running `graph` in `order` on a device of
+    `device_type` (only dropout's mask is drawn differently on "cuda")."""
     names = Names(graph, order)
     placeholders = graph.placeholders()
     lines = [f"def {fn_name}({', '.join(names[Ref(p)] for p in placeholders)}):"]
@@ -185,7 +207,7 @@ def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
             pending_loads.add(Ref(nid))
         outs = [names[Ref(nid, i)] for i in range(len(node.outputs))]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
-        line = f"    {target} = {call_source(graph, nid, names)}"
+        line = f"    {target} = {call_source(graph, nid, names, device_type)}"
         if dropped.get(nid):
             line += ";  " + " = ".join(sorted(names[r] for r in dropped[nid])) + " = None"
         lines.append(line)
@@ -196,7 +218,9 @@ def generate(graph: Graph, order: list[int], fn_name: str = "program") -> str:
 
 def compile_program(graph: Graph, order: list[int], device: torch.device | str = "cpu") -> Program:
     """Generate and compile the program for `graph` in `order`, its constants on `device`."""
-    return program_from_source(graph, order, generate(graph, order), device)
+    device = torch.device(device)
+    source = generate(graph, order, device_type=device.type)
+    return program_from_source(graph, order, source, device)
 
 
 def program_from_source(

@@ -10,7 +10,8 @@ Single calls are timed with the Python-to-ATen dispatch included, not batched: t
 program pays the same overhead per op, and on a CPU at small sizes it is most of the time. Each
 timed CPU call follows a few calls of other ops (`Disturbance`), as it does in a program. An op
 that cannot run on synthetic inputs, or whose tensors would not fit in a quarter of the device's
-memory, gets the roofline estimate of a generic CPU instead, remembered like a measurement.
+memory, gets a roofline estimate instead (a generic CPU's; on a GPU the H100 preset's),
+remembered like a measurement.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from magis.cost.base import CostModel, OpCall, OpKey, key_text, op_key
-from magis.cost.roofline import CPU, roofline_time
+from magis.cost.roofline import CPU, H100, roofline_time
 from magis.cost.store import OpTimeStore, default_cache_path
 from magis.ir import Graph, OpInfo
 from magis.ir.ops import bytes_moved, resolve_overload
@@ -99,6 +100,8 @@ def synthetic_tensor(meta: TensorMeta, device: torch.device, gen: torch.Generato
     (a valid index for embedding, nll_loss, gather), booleans False."""
     dtype = meta.torch_dtype
     if dtype.is_floating_point or dtype.is_complex:
+        if gen.device.type == device.type:  # drawn on the device: a GiB of logits in ms
+            return torch.rand(meta.shape, generator=gen, dtype=dtype, device=device) * 0.5 + 0.25
         t = torch.rand(meta.shape, generator=gen, dtype=dtype) * 0.5 + 0.25
         return t.to(device)
     return torch.zeros(meta.shape, dtype=dtype, device=device)
@@ -201,6 +204,9 @@ class ProfiledCostModel(CostModel):
         self._fallbacks: dict[str, str] = {}  # op -> why it did not run
         self._disturb = Disturbance()
         self._max_bytes = device_memory(self.device) / 4  # room for inputs, outputs, the rest
+        # An op that cannot run here is priced by the nearest analytic model: a generic CPU, or
+        # on a GPU the newest preset (an H100's roofline beats a CPU's by orders of magnitude).
+        self._fallback = CPU if self.device.type == "cpu" else H100
 
     # --- CostModel ----------------------------------------------------------------------------
 
@@ -279,19 +285,19 @@ class ProfiledCostModel(CostModel):
         nbytes = bytes_moved(call.info, call.args, call.kwargs, call.outputs)
         if nbytes > self._max_bytes:
             self._fallbacks[call.op] = f"{nbytes} bytes of tensors: too large to run here"
-            return roofline_time(CPU, call), ESTIMATED
+            return roofline_time(self._fallback, call), ESTIMATED
         try:
             seconds = self._measure(call)
         except Exception as exc:  # noqa: BLE001 - any failure of a synthetic run degrades
             self._fallbacks[call.op] = f"{type(exc).__name__}: {_first_line(exc)}"
-            return roofline_time(CPU, call), ESTIMATED
+            return roofline_time(self._fallback, call), ESTIMATED
         self._measured += 1
         return seconds, MEASURED
 
     def _measure(self, call: OpCall) -> float:
         """Median seconds of one call of the op on synthetic inputs (raises if it cannot run)."""
         fn = resolve_overload(call.op)
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device=self.device).manual_seed(0)
         args = synthetic_value(call.args, self.device, gen)
         kwargs = {k: synthetic_value(v, self.device, gen) for k, v in call.key.kwargs}
         return self._time(lambda: fn(*args, **kwargs), touches_data=not call.info.is_view)
