@@ -18,19 +18,34 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from magis.backend.executor import relative_error
 from magis.backend.memory import LiveBytesTracker
 
 
-def step_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The weights, buffers and optimizer state tensors, in a fixed order."""
-    tensors = [*model.parameters(), *model.buffers()]
+def named_step_tensors(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> list[tuple[str, torch.Tensor]]:
+    """The weights, buffers and optimizer state tensors, named, in a fixed order."""
+    tensors = [*model.named_parameters()]
+    tensors += [(f"{n}:buffer", b) for n, b in model.named_buffers()]
+    names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
             state = optimizer.state.get(p, {})
-            tensors += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)]
+            owner = names.get(id(p), "?")
+            tensors += [
+                (f"{owner}:{k}", state[k])
+                for k in sorted(state)
+                if isinstance(state[k], torch.Tensor)
+            ]
     return tensors
+
+
+def step_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The weights, buffers and optimizer state tensors, in a fixed order."""
+    return [t for _, t in named_step_tensors(model, optimizer)]
 
 
 def resident_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
@@ -87,14 +102,17 @@ class DeviceMeter:
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    """Copies of a model's and its optimizer's tensors (`step_tensors` order)."""
+    """Copies of a model's and its optimizer's tensors (`named_step_tensors` order)."""
 
     tensors: tuple[torch.Tensor, ...]
+    names: tuple[str, ...] = ()
 
     @staticmethod
     def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> StateSnapshot:
+        named = named_step_tensors(model, optimizer)
         with torch.no_grad():
-            return StateSnapshot(tuple(t.detach().clone() for t in step_tensors(model, optimizer)))
+            copies = tuple(t.detach().clone() for _, t in named)
+        return StateSnapshot(copies, tuple(n for n, _ in named))
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Copy the snapshot back into the same tensors (their addresses do not change)."""
@@ -105,11 +123,41 @@ class StateSnapshot:
             for dst, src in zip(current, self.tensors, strict=True):
                 dst.copy_(src)
 
-    def max_rel_err(self, other: StateSnapshot) -> float:
-        """The largest relative error of `other`'s tensors against this snapshot's."""
+    def errors_by_kind(self, other: StateSnapshot) -> dict[str, tuple[float, str]]:
+        """For each kind of tensor (parameters, buffers, each optimizer state key), the largest
+        relative error of `other`'s against this snapshot's, and the tensor it is in."""
         if len(other.tensors) != len(self.tensors):
-            return float("inf")
-        return max(
-            (relative_error(a, e) for a, e in zip(other.tensors, self.tensors, strict=True)),
-            default=0.0,
+            return {"structure": (float("inf"), "the optimizer's state differs")}
+        worst: dict[str, tuple[float, str]] = {}
+        for name, a, e in zip(self.names, other.tensors, self.tensors, strict=True):
+            kind = name.split(":", 1)[1] if ":" in name else "param"
+            err = relative_error(a, e)
+            if kind not in worst or err > worst[kind][0]:
+                worst[kind] = (err, name)
+        return worst
+
+
+class OpWorkspaces(TorchDispatchMode):
+    """The bytes each op allocates and frees before it returns (a convolution's cuDNN
+    workspace, a sort's scratch): what the simulator, which counts tensors, does not see.
+
+    Per op: the caching allocator's peak during the call minus what is allocated after it.
+    The largest is kept with its op. Allocator statistics are host-side bookkeeping, so no
+    synchronization is needed; the peak statistic is reset per op, so run this apart from a
+    measured step."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.largest_bytes = 0
+        self.largest_op = ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        torch.cuda.reset_peak_memory_stats(self.device)
+        out = func(*args, **(kwargs or {}))
+        scratch = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(
+            self.device
         )
+        if scratch > self.largest_bytes:
+            self.largest_bytes, self.largest_op = scratch, str(func)
+        return out

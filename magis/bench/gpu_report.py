@@ -118,8 +118,39 @@ def format_markdown(report: GpuReport) -> str:
         lines += ["", f"## Targets: {met} of {len(checks)} met", "",
                   "| workload | target | measured | met |", "|---|---|---|---|"]  # fmt: skip
         lines += [f"| {w} | {t} | {v} | {'yes' if ok else 'NO'} |" for w, t, v, ok in checks]
+    lines += _verification_detail(report)
+    lines += _workspaces(report)
     lines += _op_class_table(report)
     return "\n".join(lines) + "\n"
+
+
+def _verification_detail(report: GpuReport) -> list[str]:
+    """Per verified row, the largest relative error of each kind of tensor and where it is."""
+    rows = [r for r in report.rows if r.errors]
+    if not rows:
+        return []
+    kinds = sorted({k for r in rows for k in r.errors})
+    lines = ["", "## Verification: largest relative error by kind of tensor", "",
+             "| workload | variant | " + " | ".join(kinds) + " |",
+             "|---|---|" + "---|" * len(kinds)]  # fmt: skip
+    for r in rows:
+        cells = []
+        for k in kinds:
+            err, name = r.errors.get(k, (None, ""))
+            cells.append("—" if err is None else f"{err:.1e} ({name})")
+        lines.append(f"| {r.workload} | {r.variant} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _workspaces(report: GpuReport) -> list[str]:
+    rows = [r for r in report.rows if r.largest_workspace_bytes is not None]
+    if not rows:
+        return []
+    lines = ["", "## The largest op scratch (allocated and freed inside one op)", "",
+             "| workload | MiB | op |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {r.workload} | {_mib(r.largest_workspace_bytes)} | {r.largest_workspace_op} |"
+              for r in rows]  # fmt: skip
+    return lines
 
 
 def _op_class_table(report: GpuReport) -> list[str]:
