@@ -60,7 +60,9 @@ class HostPool:
     def load(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             return host.clone()
-        out = torch.empty(host.shape, dtype=host.dtype, device=device)  # on the compute stream
+        # on the compute stream, with the stored tensor's strides (a transposed tensor comes back
+        # transposed: later views depend on it)
+        out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device)
         reached = torch.cuda.Event()
         reached.record()
         stream = self._stream()
@@ -99,10 +101,10 @@ class HostPool:
         k, self._next = self._next, self._next + 1
         if k < len(self._pinned):
             host = self._pinned[k]
-            if host.shape == x.shape and host.dtype == x.dtype:
+            if host.shape == x.shape and host.dtype == x.dtype and host.stride() == x.stride():
                 return host
         with _disable_current_modes():
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host = _pinned_like(x)
         if k < len(self._pinned):
             self._pinned[k] = host
         else:
@@ -118,3 +120,11 @@ class HostPool:
 
     def _release(self, nbytes: int) -> None:
         self.live_bytes -= nbytes
+
+
+def _pinned_like(x: torch.Tensor) -> torch.Tensor:
+    """Pinned host memory for `x` with its strides when they are dense (a transposed or
+    channels-last tensor), row-major otherwise (an expanded or overlapping view)."""
+    if x.is_non_overlapping_and_dense():
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, pin_memory=True)
+    return torch.empty(x.shape, dtype=x.dtype, pin_memory=True)

@@ -226,8 +226,14 @@ WEIGHTED = {
     "copy_": _per_output_element(1),
 }
 # Ops whose schema does not mark an argument as written, although the CPU and CUDA kernels do:
-# native_batch_norm in training updates running_mean and running_var (arguments 3 and 4).
-HIDDEN_MUTATIONS = {"native_batch_norm": (3, 4)}
+# Batch norms in training update running_mean and running_var (arguments 3 and 4) in place
+# without their schema saying so: the native kernel, and the cuDNN and MIOpen ones that
+# `aten.batch_norm` picks on a GPU.
+HIDDEN_MUTATIONS = {
+    "native_batch_norm": (3, 4),
+    "cudnn_batch_norm": (3, 4),
+    "miopen_batch_norm": (3, 4),
+}
 
 
 def _base_name(op: str) -> str:
@@ -271,6 +277,8 @@ def build_default_registry() -> OpRegistry:
         entries[name] = OpInfo(name, flops=fn, mutates=HIDDEN_MUTATIONS.get(name, ()))
     for name in POINTWISE:
         entries.setdefault(name, OpInfo(name, flops=_per_output_element(1)))
+    for name, positions in HIDDEN_MUTATIONS.items():  # GPU batch norms: no FLOP rule, mutating
+        entries.setdefault(name, OpInfo(name, flops=_per_input_element(8), mutates=positions))
     entries[STORE_OP] = OpInfo(STORE_OP, flops=_zero, copy_stream=True, host_output=True)
     entries[LOAD_OP] = OpInfo(LOAD_OP, flops=_zero, copy_stream=True)
     return OpRegistry(entries)

@@ -379,3 +379,46 @@ def test_a_step_on_cuda_equals_eager_on_cuda():
     )
     assert step.device.type == "cuda"
     assert loss_err <= TOL and err <= TOL, where
+
+
+def test_cuda_graph_needs_a_gpu(net):
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(BatchError) as exc:
+        compile_program_order(net, opt, example(), loss_fn=net_loss, cuda_graph=True)
+    assert "needs a model on a GPU" in one_line(exc)
+    step = compile_program_order(net, opt, example(), loss_fn=net_loss)
+    assert not step.cuda_graph and step.captured_peak_bytes is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_graph_replay_trains_as_generated_code_and_recaptures_moved_state():
+    """Graphed and op-by-op steps of one plan (with Store/Load) stay equal over several calls,
+    and an optimizer state replaced in between (load_state_dict) is captured again."""
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 4)).double().cuda()]
+    models.append(copy.deepcopy(models[0]))
+    x, y = (t.cuda() for t in example())
+    x = x.double()
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    steps = [
+        compile(
+            m,
+            o,
+            (x, y),
+            loss_fn=net_loss,
+            mem_limit=0.6,
+            time_budget=2.0,
+            hardware="rtx3090",
+            cuda_graph=g,
+        )  # fmt: skip
+        for m, o, g in zip(models, opts, (True, False), strict=True)
+    ]
+    assert steps[0].cuda_graph and not steps[1].cuda_graph
+    for i in range(4):
+        if i == 2:
+            opts[0].load_state_dict(copy.deepcopy(opts[0].state_dict()))
+        losses = [s(x, y) for s in steps]
+        assert torch.equal(losses[0], losses[1])
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert steps[0]._graphed.captures == 2 and steps[0].captured_peak_bytes > 0
