@@ -400,3 +400,40 @@ def bench_gpu_cmd(
         report = bench_gpu(workloads, options, progress=progress, on_update=save)
     save(report)
     console.print(format_markdown(report), markup=False, highlight=False)
+
+
+@bench_app.command("overhead")
+def bench_overhead_cmd(
+    workloads: Annotated[
+        list[str] | None,
+        typer.Argument(help="Workloads whose lat-1.10 plans are counted (default: the zoo's)."),
+    ] = None,
+    budget: BudgetOpt = 30.0,
+    hardware: HardwareOpt = "rtx3090",
+    json_path: JsonOpt = None,
+) -> None:
+    """A generated program's own cost per op on this CPU, and the op count of each workload's
+    plan at latency 1.10 with what those ops cost at that overhead and at 7 us each (issue 41)."""
+    from magis.bench.overhead import GPU_LAUNCH_US, per_op_overhead, plan_ops
+    from magis.capture import WORKLOAD_FAMILIES, get_workload
+
+    names = workloads or list(WORKLOAD_FAMILIES)
+    for name in names:
+        get_workload(name)  # an unknown name fails before any work
+    with spinner("bench overhead") as progress:
+        progress("timing a generated program of one-element adds")
+        overhead = per_op_overhead()
+        rows = plan_ops(names, overhead, budget, hardware, progress)
+    console.print(
+        f"per op: generated program {overhead.generated_us:.2f} us, eager torch.add "
+        f"{overhead.eager_us:.2f} us ({overhead.threads} threads)"
+    )
+    table = Table("workload", "ops at lat 1.10", "simulated ms", "latency ratio",
+                  "ops x overhead ms", f"ops x {GPU_LAUNCH_US:g} us ms")  # fmt: skip
+    for r in sorted(rows, key=lambda r: -r.ops):
+        table.add_row(
+            r.workload, f"{r.ops:,}", f"{r.simulated_s * 1e3:.1f}", f"{r.latency_ratio:.3f}",
+            f"{r.overhead_s * 1e3:.1f}", f"{r.at_7us_s * 1e3:.1f}",
+        )  # fmt: skip
+    console.print(table)
+    write_json(json_path, {"overhead": overhead.to_json(), "rows": [r.to_json() for r in rows]})
