@@ -71,6 +71,8 @@ class GpuRow:
     simulated_peak_bytes: int | None = None
     step_s: float | None = None
     simulated_latency_s: float | None = None
+    # the simulated peak with each op's scratch (cuDNN workspaces) added at its step (GPU)
+    simulated_scratch_peak_bytes: int | None = None
     verified: bool | None = None
     max_rel_err: float | None = None
     errors: dict[str, list] = field(default_factory=dict)  # kind -> [max rel err, tensor]
@@ -286,6 +288,7 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
             row.ops, row.stores = _op_counts(plan.graph, plan.order)
             sim = simulate(plan.graph, plan.order, cost)
             row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
+            row.simulated_scratch_peak_bytes = _peak_with_scratch(plan.graph, plan.order, sim, cost)
             train_step = prepared.train_step(plan)
             if variant == "program-order" and device.type == "cuda":
                 _op_workspaces(row, case, prepared.train_step(plan, cuda_graph=False), device)
@@ -325,6 +328,14 @@ def _swap_heavy(graph: Graph, cost: CostModel):
         raise MagisError("the offloading peer (pofo) stores nothing on this workload")
     best = max(swapping, key=lambda p: (p.sim.host_peak_bytes, -p.memory))
     return ProgramOrder(best.graph, list(best.order)), time.perf_counter() - start
+
+
+def _peak_with_scratch(graph: Graph, order: Sequence[int], sim, cost: CostModel) -> int:
+    """The simulated timeline with each op's scratch added at its step (`scratch_bytes`)."""
+    timeline = [int(m) for m in sim.timeline]
+    if len(timeline) != len(order):  # an empty schedule's timeline is its resident bytes
+        return sim.peak_bytes
+    return max(m + cost.scratch_bytes(graph, n) for m, n in zip(timeline, order, strict=True))
 
 
 def _op_counts(graph: Graph, order: Sequence[int]) -> tuple[int, int]:

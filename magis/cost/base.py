@@ -147,6 +147,11 @@ class CostModel(abc.ABC):
             return 0.0
         return self.time_of(op_key(graph, nid), info)
 
+    def scratch_bytes(self, graph: Graph, nid: int) -> int:
+        """Bytes node `nid` allocates and frees inside itself (a cuDNN convolution's workspace),
+        which the simulator's tensors do not hold. Only a model that ran the op knows: 0 here."""
+        return 0
+
     def time_of(self, key: OpKey, info: OpInfo) -> float:
         """The memoized time of one op configuration."""
         memo = self._memo.times

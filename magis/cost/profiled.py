@@ -45,6 +45,8 @@ CUDA_CALLS_PER_SAMPLE = 10
 # Copies timed once to model Store/Load: a large one for bandwidth, a tiny one for latency.
 _TRANSFER_PROBE_BYTES = 16 << 20
 _TRANSFER_KEYS = ("transfer:latency", "transfer:bandwidth")
+# An op configuration's scratch bytes on a GPU are kept beside its time, under this prefix.
+_SCRATCH_PREFIX = "scratch:"
 
 ProgressFn = Callable[[int, int], None]
 
@@ -219,6 +221,22 @@ class ProfiledCostModel(CostModel):
         self._store.put(text, seconds, source)
         return seconds
 
+    def scratch_bytes(self, graph: Graph, nid: int) -> int:
+        """On a GPU, the bytes the op allocated and freed within one call when it was profiled
+        (the caching allocator's peak during the call over what stayed allocated after it); 0 on
+        a CPU, whose allocator keeps no statistics, and for ops that did not run here."""
+        node = graph.node(nid)
+        info = graph.info(nid)
+        if self.device.type != "cuda" or node.is_placeholder or info.is_view or info.copy_stream:
+            return 0
+        key = op_key(graph, nid)
+        text = _SCRATCH_PREFIX + key_text(key)
+        cached = self._store.get(text)
+        if cached is None:
+            self.time_of(key, info)  # profiling the op measures its scratch too
+            cached = self._store.get(text)
+        return int(cached or 0)
+
     def transfer_time(self, nbytes: int) -> float:
         """One Store/Load: a copy between device and host memory, from two timed copies."""
         if nbytes <= 0:
@@ -300,7 +318,21 @@ class ProfiledCostModel(CostModel):
         gen = torch.Generator(device=self.device).manual_seed(0)
         args = synthetic_value(call.args, self.device, gen)
         kwargs = {k: synthetic_value(v, self.device, gen) for k, v in call.key.kwargs}
-        return self._time(lambda: fn(*args, **kwargs), touches_data=not call.info.is_view)
+        seconds = self._time(lambda: fn(*args, **kwargs), touches_data=not call.info.is_view)
+        if self.device.type == "cuda":
+            scratch = self._scratch(lambda: fn(*args, **kwargs))
+            self._store.put(_SCRATCH_PREFIX + key_text(call.key), float(scratch), MEASURED)
+        return seconds
+
+    def _scratch(self, fn: Callable[[], Any]) -> int:
+        """Bytes one call allocates beyond what it leaves allocated (its outputs)."""
+        self._sync()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        out = fn()
+        peak = torch.cuda.max_memory_allocated(self.device)
+        after = torch.cuda.memory_allocated(self.device)
+        del out
+        return max(0, peak - after)
 
     def _time(self, fn: Callable[[], Any], touches_data: bool = True) -> float:
         if self.device.type == "cuda":

@@ -58,6 +58,8 @@ def test_program_order_is_measured_exactly_as_simulated_and_verifies(cpu_report)
     # staging of its hyperparameters (a float64 each)
     assert 0 <= row.measured_peak_bytes - row.simulated_peak_bytes <= 8 * 64
     assert row.ops > 0 and row.simulated_latency_s > 0 and not row.cuda_graph
+    # a CPU's allocator keeps no statistics: no op scratch is known, none is added
+    assert row.simulated_scratch_peak_bytes == row.simulated_peak_bytes
     assert set(row.errors) >= {"loss", "param", "exp_avg", "exp_avg_sq"}
 
 
@@ -135,3 +137,16 @@ def test_cuda_bench_rows_verify_on_the_gpu(tmp_path, monkeypatch):
     report = bench_gpu(["bert-base:tiny"], GpuBenchOptions(time_budget=2.0, steps=2, warmup=1))
     po = next(r for r in report.rows if r.variant == "program-order")
     assert po.cuda_graph and po.verified, po.errors
+
+
+@needs_cuda
+def test_a_convolutions_scratch_is_measured_on_the_gpu(tmp_path):
+    from magis.capture import training_step
+    from magis.cost import ProfiledCostModel
+
+    model = torch.nn.Conv2d(3, 8, 3).cuda()
+    step = training_step(model, (torch.randn(2, 3, 16, 16, device="cuda"),), optimizer=None)
+    cost = ProfiledCostModel("cuda", cache_path=tmp_path / "ops.sqlite", warmup=1, repeats=2)
+    g = step.graph
+    scratch = [cost.scratch_bytes(g, n) for n in g.program_order()]
+    assert all(b >= 0 for b in scratch)
