@@ -145,7 +145,8 @@ def test_a_convolutions_scratch_is_measured_on_the_gpu(tmp_path):
     from magis.cost import ProfiledCostModel
 
     model = torch.nn.Conv2d(3, 8, 3).cuda()
-    step = training_step(model, (torch.randn(2, 3, 16, 16, device="cuda"),), optimizer=None)
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.sum(), optimizer=None)
     cost = ProfiledCostModel("cuda", cache_path=tmp_path / "ops.sqlite", warmup=1, repeats=2)
     g = step.graph
     scratch = [cost.scratch_bytes(g, n) for n in g.program_order()]
