@@ -44,6 +44,7 @@ import torch
 from magis.bench.gpu_measure import DeviceMeter, StateSnapshot
 from magis.bench.train import workload_loss
 from magis.capture.building import default_dtype
+from magis.capture.user_model import is_model_file
 from magis.capture.workloads import get_workload
 from magis.cost import HARDWARE_PRESETS, CostModel, get_cost_model
 from magis.cost.op_classes import OP_CLASSES, op_class
@@ -155,7 +156,8 @@ def bench_gpu(
     device = _device(options.device)
     names = list(workloads or (GPU_WORKLOADS if device.type == "cuda" else CPU_WORKLOADS))
     for name in names:
-        get_workload(name)  # an unknown name fails before any work
+        if not is_model_file(name):
+            get_workload(name)  # an unknown name fails before any work
     tolerance = options.tolerance or (1e-3 if device.type == "cuda" else 1e-4)
     report = GpuReport(
         _device_name(device), torch.__version__, device.type, tolerance,
@@ -238,6 +240,8 @@ class _Case:
 
 
 def _build_case(name: str, device: torch.device) -> _Case:
+    if is_model_file(name):
+        return _user_case(name, device)
     wl = get_workload(name)
     with default_dtype(torch.float32):
         torch.manual_seed(0)
@@ -245,6 +249,27 @@ def _build_case(name: str, device: torch.device) -> _Case:
         batch = tuple(t.to(device) for t in wl.make_inputs(wl.batch))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     return _Case(name, model, optimizer, batch, workload_loss(wl))
+
+
+def _user_case(name: str, device: torch.device) -> _Case:
+    """A model file's `factory()` (`path/to/model.py:factory`), built for real in float32."""
+    from magis.capture.trace import loss_of
+    from magis.capture.user_model import call_factory, check_result, load_factory, parse_spec
+
+    spec = parse_spec(name)
+    made = check_result(
+        spec, call_factory(spec, load_factory(spec), dtype=torch.float32, real=True)
+    )
+    model = made.model.to(device)
+    batch = tuple(t.to(device) for t in made.data)
+    user_loss, names, keywords = made.loss_fn, made.names, made.keywords
+
+    def loss_fn(m: torch.nn.Module, *data: torch.Tensor) -> torch.Tensor:
+        args, kwargs = ((), dict(zip(names, data, strict=True))) if keywords else (data, {})
+        return user_loss(m, *args, **kwargs) if user_loss else loss_of(m(*args, **kwargs))
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    return _Case(name, model, optimizer, batch, loss_fn)
 
 
 def _bench_workload(name, device, cost, options, tolerance, report, sums, progress, on_update):
