@@ -10,6 +10,7 @@ from magis.commands.optimize import find_plan, setup_search, setup_workload_sear
 from magis.errors import MagisError, PlanError
 from magis.explain import PREDATES_DECISIONS, explain
 from magis.plan import Plan
+from magis.search import SearchOptions
 from magis.search.decisions import Decision, DecisionKind, Figures, full_trail
 
 STATES = 30  # a search bounded by states is deterministic
@@ -19,7 +20,7 @@ STATES = 30  # a search bounded by states is deterministic
 def optimized(request, tmp_path_factory):
     """(plan, its saved path) of a short, reproducible search under a 1.10 latency limit."""
     setup = setup_workload_search(request.param, lat_limit="1.10", hardware="rtx3090")
-    plan = find_plan(setup, time_budget=60, max_states=STATES)
+    plan = find_plan(setup, SearchOptions(time_budget=60, max_states=STATES))
     path = plan.save(tmp_path_factory.mktemp("plans") / "plan.json")
     return plan, path
 
@@ -134,7 +135,7 @@ def test_a_limit_not_met_names_the_tensors_at_the_peak():
     # just above what stays resident: no plan can meet it (limits.check_memory_reachable)
     ratio = (setup.base.resident_bytes + 64) / setup.base.peak_bytes
     setup = setup_search(setup.step, mem_limit=ratio, hardware=setup.cost, workload="bert")
-    plan = find_plan(setup, time_budget=60, max_states=10)
+    plan = find_plan(setup, SearchOptions(time_budget=60, max_states=10))
     assert not plan.summary.satisfied
     e = explain(plan)
     assert e.bottleneck and e.bottleneck[0].nbytes == max(b.nbytes for b in e.bottleneck)
@@ -186,6 +187,8 @@ def test_a_warm_start_given_both_graphs_names_what_the_baseline_changed(optimize
 
 
 def test_plan_explain_is_the_explanation(tmp_path):
-    plan = find_plan(setup_workload_search("bert-base:tiny", lat_limit=1.10), max_states=5)
+    plan = find_plan(
+        setup_workload_search("bert-base:tiny", lat_limit=1.10), SearchOptions(max_states=5)
+    )
     assert plan.explain() == explain(plan)
     assert Plan.load(plan.save(tmp_path / "p.json")).explain().rows == plan.explain().rows

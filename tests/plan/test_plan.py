@@ -12,6 +12,7 @@ from magis.commands.limits import parse_latency_limit, parse_memory_limit
 from magis.commands.optimize import find_plan, optimize, setup_search
 from magis.errors import LimitError, MagisError, PlanError
 from magis.plan import PLAN_VERSION, Plan, PlanSummary
+from magis.search import SearchOptions
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ def test_search_is_prepared_once_outside_the_budget(monkeypatch, float64):
     model, inputs = _small_model_and_inputs()
     step = magis.training_step(model, inputs, loss_fn=_cross_entropy)
     setup = setup_search(step, lat_limit=1.1, hardware=cost, memory_figure="arena")
-    plan = find_plan(setup, max_states=5)
+    plan = find_plan(setup, SearchOptions(max_states=5))
     assert events == [("profile", len(step.graph)), ("search", None)]
     s = plan.summary
     assert s.memory_figure == "arena" and s.program_order_peak_bytes == setup.base.peak_bytes
