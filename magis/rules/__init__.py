@@ -19,10 +19,6 @@ from magis.rules.base import (
     node_rewrites,
     node_rule,
     ordered_for,
-    place_after_inputs,
-    rank_ahead_of_users,
-    sorted_by_rank,
-    stable_topological_order,
 )
 from magis.rules.compact import COMPACT, DECOMPACT
 from magis.rules.duplicates import recompute_call
@@ -78,10 +74,6 @@ __all__ = [
     "node_rule",
     "after_local_move",
     "ordered_for",
-    "place_after_inputs",
     "prepare",
     "recompute_call",
-    "rank_ahead_of_users",
-    "sorted_by_rank",
-    "stable_topological_order",
 ]

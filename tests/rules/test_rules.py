@@ -12,6 +12,7 @@ from magis.capture import workload_step
 from magis.cost import get_cost_model
 from magis.ir import Ref
 from magis.ir.builder import GraphBuilder
+from magis.ir.topological import place_after_inputs, stable_topological_order
 from magis.rules import (
     COMPACT,
     DECOMPACT,
@@ -26,8 +27,6 @@ from magis.rules import (
     RuleKind,
     candidates,
     node_rule,
-    place_after_inputs,
-    stable_topological_order,
 )
 from magis.rules.remat import MAX_CHAIN
 from magis.rules.repeated import MIN_GROUP
