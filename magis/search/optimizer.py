@@ -42,7 +42,7 @@ from magis.rules import (
 from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.collector import search_pace
-from magis.search.decisions import Decision
+from magis.search.decisions import warm_start_decision
 from magis.search.evaluator import Evaluator, SearchStats
 from magis.search.hashing import wl_hash
 from magis.search.initial import search_start
@@ -241,7 +241,7 @@ class _Search:
         state; re-analysis gives it an F-Tree when it is the best one popped)."""
         order = tuple(warm.order)
         sim = self.evaluator.simulate(warm.graph, order)
-        start = Decision.warm_start(
+        start = warm_start_decision(
             warm.name, self.initial.sim, sim, self.initial.graph, warm.graph
         )  # what `magis explain` shows of it
         state = MState(

@@ -9,9 +9,10 @@ from magis.commands.explain import explain_plan
 from magis.commands.optimize import find_plan, setup_search, setup_workload_search
 from magis.errors import MagisError, PlanError
 from magis.explain import PREDATES_DECISIONS, explain
+from magis.ir.trail import DecisionKind, Figures
 from magis.plan import Plan
 from magis.search import SearchOptions
-from magis.search.decisions import Decision, DecisionKind, Figures, full_trail
+from magis.search.decisions import full_trail, reorder_decision, warm_start_decision
 
 STATES = 30  # a search bounded by states is deterministic
 
@@ -117,7 +118,7 @@ def test_a_broken_trail_in_a_plan_file_is_a_plan_error(optimized, tmp_path):
 def test_a_warm_start_without_its_own_decision_gets_a_row():
     program, initial = Figures(100, 1.0, 1.0, 0.0), Figures(90, 1.0, 1.0, 0.0)
     warm, best = Figures(60, 1.2, 1.1, 0.1), Figures(50, 1.3, 1.2, 0.1)
-    move = Decision.reorder("reschedule", warm, best)
+    move = reorder_decision("reschedule", warm, best)
     trail = full_trail(program, initial, best, [move], ["warm-start:pofo", "reschedule"])
     assert [d.kind for d in trail] == [
         DecisionKind.REORDER,
@@ -125,8 +126,8 @@ def test_a_warm_start_without_its_own_decision_gets_a_row():
         DecisionKind.REORDER,
     ]
     assert trail[1].rule == "pofo" and sum(d.bytes_saved for d in trail) == 50
-    # a warm start that recorded its decision (`Decision.warm_start`) gets no second row
-    own = Decision.warm_start("pofo", initial, warm)
+    # a warm start that recorded its decision (`warm_start_decision`) gets no second row
+    own = warm_start_decision("pofo", initial, warm)
     assert len(full_trail(program, initial, best, [own, move])) == 3
 
 
@@ -179,7 +180,7 @@ def test_exports_write_a_trace_and_a_snapshot(optimized, tmp_path):
 def test_a_warm_start_given_both_graphs_names_what_the_baseline_changed(optimized):
     plan, _ = optimized
     figures = Figures(1, 1.0, 1.0, 0.0)
-    d = Decision.warm_start("pofo", figures, figures, plan.step.graph, plan.graph)
+    d = warm_start_decision("pofo", figures, figures, plan.step.graph, plan.graph)
     captured = {plan.step.graph.node(n).name for n in plan.step.graph.program_order()}
     final = {plan.graph.node(n).name for n in plan.graph.program_order()}
     assert set(d.created) == final - captured and set(d.removed) == captured - final
