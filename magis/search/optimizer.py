@@ -271,7 +271,7 @@ class _Search:
         if self.options.workers > 1:  # the same records, children built in parallel workers
             return parallel.expand(self, state, moves)
         if moves is None:
-            state = self._reanalysed(state)
+            state = self.reanalysed(state)
             ctx = self.evaluator.context(state, self.options.hotspots_only, self.objective)
             wants = self.objective.wants_memory(state)
             moves = self.evaluator.moves(state, self.rules, ctx, wants, self.objective)
@@ -284,12 +284,12 @@ class _Search:
             if child is None:
                 continue
             evaluated += 1
-            improved = self._record(name, child)
+            improved = self.record(name, child)
             if improved or evaluated >= self.options.expansion_width:
                 self.queue.push(state, moves)
                 return
 
-    def _reanalysed(self, state: MState) -> MState:
+    def reanalysed(self, state: MState) -> MState:
         """The best state, when popped without a lineage, starts a new one on a fresh F-Tree
         (Alg. 3's Analyze), if its hot-spots are new and the analysis is affordable."""
         if not self.offers_reanalysis(state):
@@ -315,7 +315,7 @@ class _Search:
         `MState`, or a worker's `Summary` of one)."""
         return self.options.reanalyse and state is self.best and not state.in_lineage
 
-    def _record(self, name: str, child: MState) -> bool:
+    def record(self, name: str, child: MState) -> bool:
         """Count the child, keep it as the best if it is, and queue it if it is worth it;
         True when it improved on the best."""
         self.stats.states_explored += 1
