@@ -8,6 +8,7 @@ Every graph rewrite rule follows one contract (base.py): a `Rule` whose `match` 
 """
 
 from magis.rules.base import (
+    OrderIndex,
     Rewrite,
     Rewritten,
     Rule,
@@ -56,6 +57,7 @@ __all__ = [
     "FissionError",
     "Materialized",
     "Mutation",
+    "OrderIndex",
     "MutationKind",
     "Rewrite",
     "Rewritten",

@@ -15,16 +15,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
-from magis.ir import Graph
+from magis.ir import DerivedKey, Graph
 from magis.sim import SimResult
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
 
 G = TypeVar("G")
+T = TypeVar("T")
 
 
 class RuleKind(enum.Enum):
@@ -84,6 +84,17 @@ def ordered_for(rules: Iterable[Rule], wants_memory: bool) -> list[Rule]:
     )
 
 
+@dataclass
+class OrderIndex:
+    """Indexes of one schedule, built on first use: node -> step (`position`) and op -> its
+    nodes in schedule order (`by_op`). Contexts of one graph and `order` share one (a context
+    of another order refuses it)."""
+
+    order: tuple[int, ...] | None = None  # None: the first context's
+    position: dict[int, int] | None = None
+    by_op: dict[str, list[int]] | None = None
+
+
 @dataclass(frozen=True)
 class RuleContext:
     """What a rule may look at: the graph, its schedule and that schedule's simulation.
@@ -105,36 +116,53 @@ class RuleContext:
     # The search's cost model, for rules that weigh what a rewrite gives back in seconds.
     cost: CostModel | None = None
 
+    # The indexes of `order`. A caller that already holds the order's positions passes them
+    # (`OrderIndex(order, position)`: a 42,000-step order takes 8 ms to index again).
+    index: OrderIndex = field(default_factory=OrderIndex, compare=False, repr=False)
     # What several rules derive from one state and would otherwise each rebuild (the
-    # recomputed copies: re-materialization's dual and the swap trade both read them). Not an
-    # init field, so `dataclasses.replace` (another `frozen`) starts an empty one.
-    memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    # recomputed copies: re-materialization's dual and the swap trade both read them), under
+    # typed keys (`derived`). Not an init field, so `dataclasses.replace` (another `frozen`)
+    # starts an empty one.
+    _facts: dict[DerivedKey, object] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
-    @cached_property
+    def __post_init__(self) -> None:
+        index = self.index
+        if index.order is None:
+            index.order = self.order
+        elif index.order is not self.order and index.order != self.order:
+            raise ValueError("a RuleContext's OrderIndex must index the context's own order")
+
+    @property
     def position(self) -> dict[int, int]:
-        """Node -> step of `order`; built once per context (every hot storage's candidate
+        """Node -> step of `order`; built once per order (every hot storage's candidate
         generation reads it, thousands of times per search)."""
-        return dict(zip(self.order, range(len(self.order)), strict=True))
+        index = self.index
+        if index.position is None:
+            index.position = dict(zip(self.order, range(len(self.order)), strict=True))
+        return index.position
 
-    def with_position(self, position: dict[int, int]) -> RuleContext:
-        """This context, its `position` the given index of its order (one a caller already
-        holds: a 42,000-step order takes 8 ms to index here)."""
-        self.__dict__["position"] = position  # where `cached_property` keeps it
-        return self
-
-    @cached_property
-    def _by_op(self) -> dict[str, list[int]]:
-        by_op: dict[str, list[int]] = {}
-        nodes = self.graph.nodes
-        for n in self.order:
-            by_op.setdefault(nodes[n].op, []).append(n)
-        return by_op
+    def derived(self, key: DerivedKey[T], build: Callable[[], T]) -> T:
+        """The fact `key` of this context, built by `build` on first use (as `Graph.derived`
+        caches a graph version's facts; keys compare by identity)."""
+        facts = self._facts
+        if key not in facts:
+            facts[key] = build()
+        return facts[key]  # type: ignore[return-value]
 
     def nodes_of(self, op: str) -> list[int]:
-        """The nodes running `op`, in schedule order: indexed once per context, as several
+        """The nodes running `op`, in schedule order: indexed once per order, as several
         rules look for their op on every popped state (one scan of a split decoder's 49,000
         nodes per rule and state cost more than the rules' matching)."""
-        return self._by_op.get(op, [])
+        index = self.index
+        if index.by_op is None:
+            by_op: dict[str, list[int]] = {}
+            nodes = self.graph.nodes
+            for n in self.order:
+                by_op.setdefault(nodes[n].op, []).append(n)
+            index.by_op = by_op
+        return index.by_op.get(op, [])
 
     def nodes_of_ops(self, ops: Sequence[str]) -> list[int]:
         """The nodes running any of `ops`, in schedule order."""
@@ -148,10 +176,7 @@ class RuleContext:
         the indexes of its order: a split decoder's 42,000 steps take 8 ms to index again."""
         if not self.frozen:
             return self
-        inside = replace(self, frozen=frozenset())
-        for index in ("position", "_by_op"):  # where `cached_property` keeps them
-            inside.__dict__[index] = getattr(self, index)
-        return inside
+        return replace(self, frozen=frozenset(), index=self.index)
 
     @property
     def memory_ceiling(self) -> int:

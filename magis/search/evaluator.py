@@ -19,6 +19,7 @@ from magis.cost import CostModel
 from magis.errors import MagisError, MagisWarning
 from magis.ir import Graph, positions
 from magis.rules import (
+    OrderIndex,
     Rewrite,
     Rewritten,
     Rule,
@@ -146,7 +147,7 @@ class Evaluator:
     def context(self, state: MState, hotspots_only: bool, objective: Objective) -> RuleContext:
         """What the rules see of `state`, with the ceiling `objective` puts on moves that give
         time back and the cost model they weigh it with."""
-        ctx = RuleContext(
+        return RuleContext(
             state.graph,
             state.order,
             state.sim,
@@ -154,9 +155,9 @@ class Evaluator:
             hotspots_only,
             ceiling=objective.memory_ceiling(state),
             cost=self.cost,
+            # the rules' index of the order is the one its children's rescheduling reads
+            index=OrderIndex(state.order, self.positions(state.order)),
         )
-        # the rules' index of the order is the one its children's rescheduling reads
-        return ctx.with_position(self.positions(state.order))
 
     def moves(
         self,
