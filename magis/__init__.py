@@ -9,10 +9,8 @@ a function. (`magis.capture` is also the capture subpackage; calling it captures
 
 import magis.capture as capture  # noqa: F401 - callable: magis.capture(fn, *example_args)
 from magis.capture.trace import Step, training_step
-from magis.commands.optimize import optimize
 from magis.errors import MagisError
 from magis.plan import Plan
-from magis.train import TrainStep, compile
 
 __all__ = [
     "MagisError",
@@ -25,3 +23,18 @@ __all__ = [
     "training_step",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`optimize`, `compile` and `TrainStep` import the search on first use (PEP 562), so that
+    `import magis.plan` (loading a plan, `magis explain`) or a capture does not load it."""
+    if name == "optimize":
+        from magis.commands.optimize import optimize as value
+    elif name == "compile":
+        from magis.train import compile as value
+    elif name == "TrainStep":
+        from magis.train import TrainStep as value
+    else:
+        raise AttributeError(f"module 'magis' has no attribute {name!r}")
+    globals()[name] = value  # looked up once
+    return value

@@ -23,10 +23,10 @@ from magis.capture import Step
 from magis.errors import PlanError
 from magis.ir import Graph
 from magis.ir.serialize import graph_from_json, graph_to_json
+from magis.ir.trail import Decision, decisions_from_json
 
 if TYPE_CHECKING:
     from magis.explain import Explanation
-from magis.search.decisions import Decision, decisions_from_json
 
 PLAN_FORMAT = "magis.plan"
 # 2: the search's figures are the typed `summary` (version 1 had a free-form `info` dict).

@@ -196,7 +196,7 @@ def _connected(graph: Graph, axis_of: dict[int, int]) -> str:
 def _convex(graph: Graph, axis_of: dict[int, int]) -> str:
     """No path leaves S and comes back (§4.2 (2)): walk forward from S's outside successors, in
     topological order, up to the last node of S."""
-    pos = _topo_pos(graph)
+    pos = topo_positions(graph)
     last = max(pos[v] for v in axis_of)
     frontier = [w for v in axis_of for w in graph.successors(v) if w not in axis_of]
     seen: set[int] = set()
@@ -215,7 +215,9 @@ def _convex(graph: Graph, axis_of: dict[int, int]) -> str:
 _TOPO_POS: DerivedKey[dict[int, int]] = DerivedKey("fission.topo_pos")
 
 
-def _topo_pos(graph: Graph) -> dict[int, int]:
+def topo_positions(graph: Graph) -> dict[int, int]:
+    """Each node's index in the graph's topological order, cached on the graph version (the
+    F-Tree builders, Alg. 1's and the naive ablation's, order candidates by it)."""
     return graph.derived(_TOPO_POS, lambda: {n: i for i, n in enumerate(graph.topological_order())})
 
 

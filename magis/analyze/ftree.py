@@ -227,7 +227,7 @@ def build_ftree(
             continue  # heat 0 everywhere: s_max <= 0 (line 8)
         label = _dim_label(graph, dg, int(verts[0]))
         found.extend(_candidates(graph, c, nodes, hot, max_level, n, label, rejected, hot_entries))
-    return FTree(_nest(found), tuple(rejected))
+    return FTree(nest_by_inclusion(found), tuple(rejected))
 
 
 def _candidates(
@@ -297,7 +297,7 @@ def _lowest(tree: DomTree, band: np.ndarray) -> list[int]:
     return [int(i) for i in idx[inside == 0]]
 
 
-def _nest(found: list[FTreeNode]) -> tuple[FTreeNode, ...]:
+def nest_by_inclusion(found: list[FTreeNode]) -> tuple[FTreeNode, ...]:
     """Parent of each node: the smallest other node whose S contains its S (ties: the earlier)."""
     sets = [x.ftrans.nodes for x in found]
     out = []

@@ -13,7 +13,7 @@ score (Eq. 3, 4); here nothing about memory or dominance guides the choice:
 
 The tree offers as many candidates as Alg. 1 would on the same graph (at least one per level),
 so the ablation compares how candidates are chosen, not how many there are; they are spread over
-the L levels in the order drawn and nested by S inclusion exactly like Alg. 1's (`_nest`). Score
+the L levels in the order drawn and nested by S inclusion exactly like Alg. 1's (`nest_by_inclusion`). Score
 and heat are 0: nothing was estimated. One seeded `random.Random` makes every draw.
 """
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 import random
 
 from magis.analyze.dgraph import dgraph
-from magis.analyze.ftrans import FTransInfo, Rejected, _topo_pos, check, split_of_component
-from magis.analyze.ftree import DEFAULT_MAX_LEVEL, FTree, FTreeNode, _nest, build_ftree
+from magis.analyze.ftrans import FTransInfo, Rejected, check, split_of_component, topo_positions
+from magis.analyze.ftree import DEFAULT_MAX_LEVEL, FTree, FTreeNode, build_ftree, nest_by_inclusion
 from magis.ir import Graph
 
 ATTEMPTS_PER_CANDIDATE = 40  # random draws tried per candidate wanted before giving up
@@ -58,7 +58,7 @@ def naive_ftree(
         level = 1 + len(found) * max_level // count
         label = graph.node(min(S)).name
         found.append(FTreeNode(info.ftrans, info.length, None, c, label, min(S), level, 0.0, 0.0))
-    return FTree(_nest(found))
+    return FTree(nest_by_inclusion(found))
 
 
 def _op_components(graph: Graph) -> dict[int, frozenset[int]]:
@@ -93,7 +93,7 @@ def _grow(graph: Graph, allowed: frozenset[int], rng: random.Random) -> frozense
 def _convex_closure(graph: Graph, S: frozenset[int], allowed: frozenset[int]):
     """S with every node on a path between two of its nodes (§4.2 (2) asks G[S] convex), or None
     when such a node does not run along the dimension."""
-    pos = _topo_pos(graph)
+    pos = topo_positions(graph)
     first, last = min(pos[v] for v in S), max(pos[v] for v in S)
     below = _reach(S, graph.successors, lambda w: pos[w] <= last)
     above = _reach(S, graph.predecessors, lambda w: pos[w] >= first)

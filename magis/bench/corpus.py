@@ -47,7 +47,7 @@ from magis.commands.limits import parse_memory_figure
 from magis.commands.optimize import find_plan, setup_search
 from magis.cost import get_cost_model
 from magis.errors import MagisError
-from magis.search import Mode, simulate_state
+from magis.search import Mode, SearchOptions, simulate_state
 
 __all__ = [
     "CORPUS_CONSTRAINTS",
@@ -237,9 +237,10 @@ def magis_search(ctx: Context, cell: Cell) -> Searched:
         setup = setup_search(ctx.step, hardware=ctx.cost, workload=cell.workload, **limit)
     except MagisError as exc:
         return Searched(c.label, None, None, False, 0, 0.0, str(exc))
-    plan = find_plan(
-        setup, time_budget=cell.time_budget, max_states=cell.max_states, workers=cell.workers
+    options = SearchOptions(
+        time_budget=cell.time_budget, max_states=cell.max_states, workers=cell.workers
     )
+    plan = find_plan(setup, options)
     s = plan.summary
     reason = "" if s.satisfied else "the limit was not met in the search's budget"
     return Searched(

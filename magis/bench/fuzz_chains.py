@@ -30,6 +30,7 @@ from magis.backend import MetaChecker
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph
+from magis.ir.topological import place_after_inputs
 from magis.rules import (
     COMPACT,
     DECOMPACT,
@@ -45,7 +46,6 @@ from magis.rules import (
     Rule,
     RuleContext,
     RuleKind,
-    place_after_inputs,
 )
 from magis.schedule import incremental_schedule, schedule
 from magis.schedule.swaps import time_swaps

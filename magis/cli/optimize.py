@@ -44,6 +44,7 @@ from magis.cli.output import (
 from magis.cli.tables import optimize_table
 from magis.errors import MagisError
 from magis.plan import Plan
+from magis.search.options import TIME_BUDGET_S
 
 LIMIT_FLAGS = ("--mem-limit", "--lat-limit")
 
@@ -98,7 +99,7 @@ def optimize_cmd(
     ] = None,
     time_budget: Annotated[
         float, typer.Option("--time-budget", help="Seconds of search (> 0).", callback=_budget)
-    ] = 180.0,
+    ] = TIME_BUDGET_S,
     hardware: HardwareOpt = "rtx3090",
     save: Annotated[
         Path | None,
@@ -143,11 +144,15 @@ def optimize_cmd(
     Ctrl-C or the time budget stop the search; the best plan so far is kept and saved (--save).
     Exit code 3: the limit is not met; 130: interrupted.
     """
-    from magis.commands.limits import check_one_limit
-    from magis.commands.optimize import setup_workload_search
+    from magis.commands.limits import read_search_limit
+    from magis.commands.optimize import prepare_workload_search
+    from magis.search import SearchOptions
 
-    check_one_limit(mem_limit, lat_limit, LIMIT_FLAGS)
+    limit = read_search_limit(mem_limit, lat_limit, LIMIT_FLAGS)
     _check_parallel(workers, ray)
+    options = SearchOptions(
+        time_budget=time_budget, max_states=max_states, workers=workers, ray=ray
+    )
     if old_save is not None:
         if save is not None:
             raise MagisError("give the plan's path once: --save PATH (--plan is its old name)")
@@ -156,15 +161,14 @@ def optimize_cmd(
     keeper, setup = PlanKeeper(save), None
     try:
         with spinner(f"preparing {workload}") as progress:
-            setup = setup_workload_search(
+            setup = prepare_workload_search(
                 workload,
-                mem_limit=mem_limit,
-                lat_limit=lat_limit,
+                limit,
                 hardware=hardware,
                 memory_figure=memory_figure,
                 progress=progress,
             )
-        plan = _search_live(workload, setup, time_budget, max_states, keeper, (workers, ray))
+        plan = _search_live(workload, setup, options, keeper)
         console.print()
         console.print(plan.report())
         keeper.keep(plan)
@@ -238,14 +242,12 @@ def _check_parallel(workers: int, ray: str | None) -> None:
     import_ray()
 
 
-def _search_live(
-    workload: str, setup, time_budget: float, max_states, keeper, parallel=(1, None)
-) -> Plan:
-    """The search with its best ratios on screen; the plan before the final re-ordering goes
-    to `keeper`."""
+def _search_live(workload: str, setup, options, keeper) -> Plan:
+    """The search with its best ratios on screen, under `options` (the `SearchOptions` the
+    flags made); the plan before the final re-ordering goes to `keeper`."""
     from magis.commands.optimize import find_plan
 
-    display = search_display(workload, time_budget)
+    display = search_display(workload, options.time_budget)
 
     def show(imp) -> None:
         display.improved(setup.memory_ratio(imp.memory), setup.latency_ratio(imp.latency))
@@ -257,13 +259,10 @@ def _search_live(
     with showing(display.activity, display.table, transient=False):
         plan = find_plan(
             setup,
-            time_budget=time_budget,
+            options,
             on_improvement=show,
-            max_states=max_states,
             before_polish=keep_then_reorder if keeper.path is not None else None,
             progress=display.activity.enter,
-            workers=parallel[0],
-            ray=parallel[1],
         )
         display.activity.enter("")  # the table left on screen is the result, not a stage
     return plan

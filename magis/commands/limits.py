@@ -20,7 +20,7 @@ from magis.cost.roofline import compute_dtype
 from magis.errors import LimitError
 from magis.ir import Graph
 from magis.ir.ops import flops_of
-from magis.search import MemoryFigure
+from magis.search import MemoryFigure, Mode
 from magis.sim import SimResult
 
 _SIZE_UNITS = {
@@ -129,6 +129,29 @@ def check_one_limit(
     if (mem_limit is None) == (lat_limit is None):
         mem, lat = names
         raise LimitError(f"give exactly one of {mem} (e.g. 0.4 or 12GiB) and {lat} (e.g. 1.10)")
+
+
+@dataclass(frozen=True)
+class SearchLimit:
+    """The one limit of a search (MAGIS §6.2's two modes), read from the text: which mode it
+    sets and the `Limit` as written, resolved once the program order is measured."""
+
+    mode: Mode
+    limit: Limit
+
+
+def read_search_limit(
+    mem_limit: str | float | None,
+    lat_limit: str | float | None,
+    names: tuple[str, str] = ("mem_limit", "lat_limit"),
+) -> SearchLimit:
+    """Exactly one of `mem_limit` and `lat_limit`, read (`check_one_limit`, then
+    `read_memory_limit` or `read_latency_limit`): an entry point reads its limit here once and
+    hands the result on, so a typo fails before any capture."""
+    check_one_limit(mem_limit, lat_limit, names)
+    if mem_limit is not None:
+        return SearchLimit(Mode.MEMORY_LIMIT, read_memory_limit(mem_limit))
+    return SearchLimit(Mode.LATENCY_LIMIT, read_latency_limit(lat_limit))
 
 
 def check_memory_reachable(limit_bytes: float, text: str, base: SimResult) -> None:

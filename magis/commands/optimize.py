@@ -17,13 +17,11 @@ import torch
 
 from magis.capture import Step, training_step, workload_step
 from magis.commands.limits import (
-    Limit,
+    SearchLimit,
     check_latency_reachable,
     check_memory_reachable,
-    check_one_limit,
     parse_memory_figure,
-    read_latency_limit,
-    read_memory_limit,
+    read_search_limit,
 )
 from magis.commands.shared import (
     Progress,
@@ -36,6 +34,7 @@ from magis.cost import CostModel
 from magis.errors import MagisError, deferred_interrupt
 from magis.plan import Plan, PlanSummary, check_plan_graph
 from magis.search import (
+    TIME_BUDGET_S,
     Improvement,
     MemoryFigure,
     Mode,
@@ -84,26 +83,34 @@ def setup_search(
 
     A limit that cannot be read, or that no plan can meet (below the resident bytes, or under
     the latency bound of `magis.commands.limits`), is a one-line LimitError before the search."""
-    check_one_limit(mem_limit, lat_limit)
-    limit = _read_limit(mem_limit, lat_limit)
-    figure = parse_memory_figure(memory_figure)
+    limit = read_search_limit(mem_limit, lat_limit)
+    return _setup(step, limit, hardware, parse_memory_figure(memory_figure), workload, progress)
+
+
+def _setup(
+    step: Step,
+    limit: SearchLimit,
+    hardware: str | CostModel,
+    figure: MemoryFigure,
+    workload: str | None,
+    progress: Progress,
+) -> SearchSetup:
+    """`setup_search` with its limit and figure already read (each entry point reads them
+    once, before any capture)."""
     cost = prepare_cost(hardware, step.graph, progress)
     progress("simulating program order")
     # ratios compare like with like: the program order measured by the same memory figure
     base = simulate_state(step.graph, step.graph.program_order(), cost, figure)
-    if mem_limit is not None:
-        limit_bytes = int(limit.resolve(base.peak_bytes))
-        check_memory_reachable(limit_bytes, limit.text, base)
+    written = limit.limit
+    if limit.mode is Mode.MEMORY_LIMIT:
+        limit_bytes = int(written.resolve(base.peak_bytes))
+        check_memory_reachable(limit_bytes, written.text, base)
         objective = Objective(Mode.MEMORY_LIMIT, limit_bytes)
     else:
-        limit_s = limit.resolve(base.latency_s)
-        check_latency_reachable(limit_s, limit.text, step.graph, cost, base)
+        limit_s = written.resolve(base.latency_s)
+        check_latency_reachable(limit_s, written.text, step.graph, cost, base)
         objective = Objective(Mode.LATENCY_LIMIT, limit_s)
     return SearchSetup(step, cost, figure, base, objective, workload)
-
-
-def _read_limit(mem_limit: str | float | None, lat_limit: str | float | None) -> Limit:
-    return read_memory_limit(mem_limit) if mem_limit is not None else read_latency_limit(lat_limit)
 
 
 def setup_workload_search(
@@ -117,70 +124,69 @@ def setup_workload_search(
 ) -> SearchSetup:
     """Capture `workload` (`:tiny` in float64, so that its plans verify tightly) and prepare its
     search; limits that cannot be read, figures and hardware fail before the capture."""
-    check_one_limit(mem_limit, lat_limit)
-    _read_limit(mem_limit, lat_limit)
-    parse_memory_figure(memory_figure)
+    limit = read_search_limit(mem_limit, lat_limit)
+    return prepare_workload_search(
+        workload, limit, hardware=hardware, memory_figure=memory_figure, progress=progress
+    )
+
+
+def prepare_workload_search(
+    workload: str,
+    limit: SearchLimit,
+    *,
+    hardware: str | CostModel = "rtx3090",
+    memory_figure: str | MemoryFigure = "theoretical",
+    progress: Progress = silent,
+) -> SearchSetup:
+    """`setup_workload_search` with its limit already read: `magis optimize` reads it once,
+    naming its flags in any error (`read_search_limit`), and hands it here."""
+    figure = parse_memory_figure(memory_figure)
     cost = cost_model(hardware)
     progress("capturing")
     _, step = workload_step(workload, float64_when_tiny=True)
-    return setup_search(
-        step,
-        mem_limit=mem_limit,
-        lat_limit=lat_limit,
-        hardware=cost,
-        memory_figure=memory_figure,
-        workload=workload,
-        progress=progress,
-    )
+    return _setup(step, limit, cost, figure, workload, progress)
 
 
 def find_plan(
     setup: SearchSetup,
+    options: SearchOptions | None = None,
     *,
-    time_budget: float = 180.0,
     on_improvement: Callable[[Improvement], None] | None = None,
-    max_states: int | None = None,
     before_polish: Callable[[Plan], None] | None = None,
     warm_start: bool = True,
     progress: Progress = silent,
-    workers: int = 1,
-    ray: str | None = None,
-    seed: int | None = None,
 ) -> Plan:
-    """Run the search of MAGIS Alg. 3 for at most `time_budget` seconds (Ctrl-C stops it too)
-    and hand over its best state as a Plan. With `warm_start`, the baselines' best plans are
-    starting states (`magis.commands.warm_start`); their time counts in the budget.
+    """Run the search of MAGIS Alg. 3 for at most `options.time_budget` seconds (Ctrl-C stops
+    it too) and hand over its best state as a Plan. With `warm_start`, the baselines' best
+    plans are starting states (`magis.commands.warm_start`); their time counts in the budget.
+
+    `options` (default `SearchOptions()`) is the search's budget and knobs as one object, from
+    the caller down to the search loop: `time_budget`, `max_states`, `workers` > 1 building
+    each popped state's children in that many processes (Ray actors with `ray`: "local" or a
+    cluster's address; the same plan for a seed and `max_states`, `magis.search.parallel`),
+    `seed`. Its memory figure is the setup's, which measured the program order.
 
     `before_polish` gets the best plan before the final re-ordering, which a second Ctrl-C can
-    interrupt (the CLI saves it there). `workers` > 1 builds each popped state's children in
-    that many processes (Ray actors with `ray`: "local" or a cluster's address), the same
-    plan for a seed and `max_states` (`magis.search.parallel`). `seed` shuffles the order the
-    rules are tried in (`SearchOptions.seed`)."""
+    interrupt (the CLI saves it there)."""
     start = time.perf_counter()
 
     def hand_over(result: SearchResult) -> None:
         with deferred_interrupt():  # a Ctrl-C now waits until the plan is handed over
             before_polish(plan_from_search(result, setup, time.perf_counter() - start))
 
-    options = SearchOptions(
-        time_budget=time_budget,
-        max_states=max_states,
-        memory_figure=setup.figure,
-        workers=workers,
-        ray=ray,
-        seed=seed,
-    )
+    options = replace(options or SearchOptions(), memory_figure=setup.figure)
+    time_budget = options.time_budget
     with search_pace():  # the peers' warm starts allocate as the search does
         # workers boot (import torch, unpickle the cost model) while the peers run
         started = (
             start_search_workers(setup.cost, options, setup.objective, setup.step.graph)
-            if workers > 1
+            if options.workers > 1
             else None
         )
         warm = []
         try:
             if warm_start:
-                share = None if max_states is not None else time_budget * WARM_START_SHARE
+                share = None if options.max_states is not None else time_budget * WARM_START_SHARE
                 warm = baseline_warm_starts(
                     setup.step.graph, setup.cost, setup.objective, share, progress=progress
                 )
@@ -247,7 +253,7 @@ def optimize(
     *,
     mem_limit: str | float | None = None,
     lat_limit: str | float | None = None,
-    time_budget: float = 180.0,
+    time_budget: float = TIME_BUDGET_S,
     hardware: str | CostModel = "rtx3090",
     loss_fn: Callable | None = None,
     optimizer: str | None = "sgd",
@@ -261,26 +267,15 @@ def optimize(
     """Optimize a captured step — or a model with example inputs, whose training step is
     captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2).
     `workers`/`ray`: the search on several processes, as `find_plan` takes them."""
-    check_one_limit(mem_limit, lat_limit)
-    _read_limit(mem_limit, lat_limit)  # a typo fails before the capture
+    limit = read_search_limit(mem_limit, lat_limit)  # a typo fails before the capture
+    options = SearchOptions(
+        time_budget=time_budget, max_states=max_states, workers=workers, ray=ray
+    )
     step = step_or_model
     if isinstance(step_or_model, torch.nn.Module):
         if example_inputs is None:
             raise MagisError("optimize(model, example_inputs, ...): the example inputs are missing")
         step = training_step(step_or_model, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
-    setup = setup_search(
-        step,
-        mem_limit=mem_limit,
-        lat_limit=lat_limit,
-        hardware=hardware,
-        memory_figure=memory_figure,
-        workload=workload,
-    )
-    return find_plan(
-        setup,
-        time_budget=time_budget,
-        on_improvement=on_improvement,
-        max_states=max_states,
-        workers=workers,
-        ray=ray,
-    )
+    figure = parse_memory_figure(memory_figure)
+    setup = _setup(step, limit, hardware, figure, workload, silent)
+    return find_plan(setup, options, on_improvement=on_improvement)

@@ -201,6 +201,14 @@ class CostModel(abc.ABC):
         """Sum of all nodes' times: the latency of running them one after another (thesis §2.6)."""
         return float(self.node_times(graph).sum())
 
+    def forget(self, key: OpKey, text: str) -> None:
+        """Drop one op configuration's memoized time (by `key` and by its `text`, whichever
+        memoized it) and every node's: a subclass that re-measured the op recomputes them on
+        next use (`ProfiledModel`'s second pass)."""
+        self._memo.times.pop(key, None)
+        self._memo.times.pop(text, None)
+        self._memo.by_node.clear()
+
     def cache_info(self) -> CacheInfo:
         return CacheInfo(len(self._memo.times), self._memo.computed)
 

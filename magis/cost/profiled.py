@@ -285,9 +285,7 @@ class ProfiledCostModel(CostModel):
                 continue
             if again < first:
                 self._store.put(text, again, MEASURED)
-                self._memo.times.pop(key, None)  # recomputed from the store on next use
-                self._memo.times.pop(text, None)
-                self._memo.by_node.clear()
+                self.forget(key, text)  # recomputed from the store on next use
 
     def profile_info(self) -> ProfileInfo:
         path = self._store.path if self._store.persistent else None

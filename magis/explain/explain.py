@@ -1,7 +1,7 @@
 """Why a plan is what it is: the search's decisions, one row each (issue #17).
 
 A plan (format 3) keeps its best state's decision trail from the program order
-(`magis.search.decisions`): the DP re-order that made the search's initial state (MAGIS §6.1),
+(`magis.ir.trail`, made by `magis.search.decisions`): the DP re-order that made the search's initial state (MAGIS §6.1),
 a warm start when the search began from a baseline's program, every rule the search applied
 along the way (Alg. 3, §5), and the final re-ordering. Each row starts where the previous one
 ended, so the bytes the rows took off the peak add up to the program order's peak minus the
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from magis.cost import get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.search.decisions import Decision
+from magis.ir.trail import Decision
 from magis.sim import simulate
 
 PREDATES_DECISIONS = (

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from magis.ir.ops import _base_name, tensor_metas
+from magis.ir.ops import base_name, tensor_metas
 from magis.ir.tensor import TensorMeta, pickled_by_fields
 
 Axis = int
@@ -1121,7 +1121,7 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
 
 def dims_rule(op: str) -> Rule | None:
     """The dimension rule for an ATen overload name, or None (opaque to fission)."""
-    return DIM_RULES.get(_base_name(op))
+    return DIM_RULES.get(base_name(op))
 
 
 def placeholder_dims(meta: TensorMeta) -> OpDims:

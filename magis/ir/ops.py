@@ -236,7 +236,7 @@ HIDDEN_MUTATIONS = {
 }
 
 
-def _base_name(op: str) -> str:
+def base_name(op: str) -> str:
     """'aten.mm.default' -> 'mm'; 'aten.add_.Tensor' -> 'add_'."""
     parts = op.split(".")
     return parts[1] if len(parts) >= 2 else op
@@ -255,7 +255,7 @@ class OpRegistry:
     def lookup(self, op: str) -> OpInfo:
         info = self._resolved.get(op)
         if info is None:
-            info = self.entries.get(op) or self.entries.get(_base_name(op))
+            info = self.entries.get(op) or self.entries.get(base_name(op))
             if info is None:
                 info = OpInfo(name=op, opaque=True)
             self._resolved[op] = info

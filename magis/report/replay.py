@@ -30,7 +30,7 @@ import numpy as np
 from magis.ir import Graph, Ref
 from magis.layout import ALIGNMENT, plan_layout
 from magis.sim import SimResult, memory_timeline, node_times, simulate, tables
-from magis.sim.simulator import _PLACEHOLDER_CATEGORY, _storage_categories
+from magis.sim.simulator import PLACEHOLDER_CATEGORY, storage_categories
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
@@ -152,7 +152,7 @@ def _arena_storages(
 ) -> tuple[Storage, ...]:
     t = tables(graph)
     _, alloc, free = memory_timeline(graph, order)
-    cats = _storage_categories(graph)
+    cats = storage_categories(graph)
     rows = [i for i in range(len(t.storages)) if t.nbytes[i] > 0]  # host storages: no device
     rows.sort(key=lambda i: (int(alloc[i]), i))
     out = []
@@ -181,7 +181,7 @@ def _resident_storages(graph: Graph, base: int) -> tuple[Storage, ...]:
         nbytes = smap.nbytes[ref]
         if nbytes <= 0:
             continue
-        kind = _PLACEHOLDER_CATEGORY[node.placeholder_kind].value
+        kind = PLACEHOLDER_CATEGORY[node.placeholder_kind].value
         out.append(Storage(ref, _label(graph, ref), node.op, nbytes, kind, -1, None, address))
         address += -(-nbytes // ALIGNMENT) * ALIGNMENT
     return tuple(out)

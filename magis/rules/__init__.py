@@ -8,6 +8,7 @@ Every graph rewrite rule follows one contract (base.py): a `Rule` whose `match` 
 """
 
 from magis.rules.base import (
+    OrderIndex,
     Rewrite,
     Rewritten,
     Rule,
@@ -19,10 +20,6 @@ from magis.rules.base import (
     node_rewrites,
     node_rule,
     ordered_for,
-    place_after_inputs,
-    rank_ahead_of_users,
-    sorted_by_rank,
-    stable_topological_order,
 )
 from magis.rules.compact import COMPACT, DECOMPACT
 from magis.rules.duplicates import recompute_call
@@ -60,6 +57,7 @@ __all__ = [
     "FissionError",
     "Materialized",
     "Mutation",
+    "OrderIndex",
     "MutationKind",
     "Rewrite",
     "Rewritten",
@@ -78,10 +76,6 @@ __all__ = [
     "node_rule",
     "after_local_move",
     "ordered_for",
-    "place_after_inputs",
     "prepare",
     "recompute_call",
-    "rank_ahead_of_users",
-    "sorted_by_rank",
-    "stable_topological_order",
 ]

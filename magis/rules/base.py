@@ -13,20 +13,18 @@ mutations of §5.1 are not graph rewrites: they change a tree (rules/ftree_moves
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
-import rustworkx as rx
-
-from magis.ir import Graph
+from magis.ir import DerivedKey, Graph
 from magis.sim import SimResult
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
 
 G = TypeVar("G")
+T = TypeVar("T")
 
 
 class RuleKind(enum.Enum):
@@ -86,6 +84,17 @@ def ordered_for(rules: Iterable[Rule], wants_memory: bool) -> list[Rule]:
     )
 
 
+@dataclass
+class OrderIndex:
+    """Indexes of one schedule, built on first use: node -> step (`position`) and op -> its
+    nodes in schedule order (`by_op`). Contexts of one graph and `order` share one (a context
+    of another order refuses it)."""
+
+    order: tuple[int, ...] | None = None  # None: the first context's
+    position: dict[int, int] | None = None
+    by_op: dict[str, list[int]] | None = None
+
+
 @dataclass(frozen=True)
 class RuleContext:
     """What a rule may look at: the graph, its schedule and that schedule's simulation.
@@ -107,36 +116,53 @@ class RuleContext:
     # The search's cost model, for rules that weigh what a rewrite gives back in seconds.
     cost: CostModel | None = None
 
+    # The indexes of `order`. A caller that already holds the order's positions passes them
+    # (`OrderIndex(order, position)`: a 42,000-step order takes 8 ms to index again).
+    index: OrderIndex = field(default_factory=OrderIndex, compare=False, repr=False)
     # What several rules derive from one state and would otherwise each rebuild (the
-    # recomputed copies: re-materialization's dual and the swap trade both read them). Not an
-    # init field, so `dataclasses.replace` (another `frozen`) starts an empty one.
-    memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    # recomputed copies: re-materialization's dual and the swap trade both read them), under
+    # typed keys (`derived`). Not an init field, so `dataclasses.replace` (another `frozen`)
+    # starts an empty one.
+    _facts: dict[DerivedKey, object] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
-    @cached_property
+    def __post_init__(self) -> None:
+        index = self.index
+        if index.order is None:
+            index.order = self.order
+        elif index.order is not self.order and index.order != self.order:
+            raise ValueError("a RuleContext's OrderIndex must index the context's own order")
+
+    @property
     def position(self) -> dict[int, int]:
-        """Node -> step of `order`; built once per context (every hot storage's candidate
+        """Node -> step of `order`; built once per order (every hot storage's candidate
         generation reads it, thousands of times per search)."""
-        return dict(zip(self.order, range(len(self.order)), strict=True))
+        index = self.index
+        if index.position is None:
+            index.position = dict(zip(self.order, range(len(self.order)), strict=True))
+        return index.position
 
-    def with_position(self, position: dict[int, int]) -> RuleContext:
-        """This context, its `position` the given index of its order (one a caller already
-        holds: a 42,000-step order takes 8 ms to index here)."""
-        self.__dict__["position"] = position  # where `cached_property` keeps it
-        return self
-
-    @cached_property
-    def _by_op(self) -> dict[str, list[int]]:
-        by_op: dict[str, list[int]] = {}
-        nodes = self.graph.nodes
-        for n in self.order:
-            by_op.setdefault(nodes[n].op, []).append(n)
-        return by_op
+    def derived(self, key: DerivedKey[T], build: Callable[[], T]) -> T:
+        """The fact `key` of this context, built by `build` on first use (as `Graph.derived`
+        caches a graph version's facts; keys compare by identity)."""
+        facts = self._facts
+        if key not in facts:
+            facts[key] = build()
+        return facts[key]  # type: ignore[return-value]
 
     def nodes_of(self, op: str) -> list[int]:
-        """The nodes running `op`, in schedule order: indexed once per context, as several
+        """The nodes running `op`, in schedule order: indexed once per order, as several
         rules look for their op on every popped state (one scan of a split decoder's 49,000
         nodes per rule and state cost more than the rules' matching)."""
-        return self._by_op.get(op, [])
+        index = self.index
+        if index.by_op is None:
+            by_op: dict[str, list[int]] = {}
+            nodes = self.graph.nodes
+            for n in self.order:
+                by_op.setdefault(nodes[n].op, []).append(n)
+            index.by_op = by_op
+        return index.by_op.get(op, [])
 
     def nodes_of_ops(self, ops: Sequence[str]) -> list[int]:
         """The nodes running any of `ops`, in schedule order."""
@@ -150,10 +176,7 @@ class RuleContext:
         the indexes of its order: a split decoder's 42,000 steps take 8 ms to index again."""
         if not self.frozen:
             return self
-        inside = replace(self, frozen=frozenset())
-        for index in ("position", "_by_op"):  # where `cached_property` keeps them
-            inside.__dict__[index] = getattr(self, index)
-        return inside
+        return replace(self, frozen=frozenset(), index=self.index)
 
     @property
     def memory_ceiling(self) -> int:
@@ -319,51 +342,3 @@ def candidates(rules: Iterable[Rule], ctx: RuleContext) -> Iterator[Rewrite]:
     """Every rule's rewrites, rule by rule (lazy: nothing is built)."""
     for rule in rules:
         yield from rule.match(ctx)
-
-
-def place_after_inputs(graph: Graph, order: Sequence[int], new: Iterable[int]) -> list[int]:
-    """`order` with each new node inserted as late as possible: right before its first user, or
-    after its last predecessor when nothing uses it yet. A cheap, valid placement that the
-    scheduler refines; used where no better one is asked for (tests, the first guess)."""
-    result = [n for n in order if n in graph]
-    for nid in sorted(new, key=lambda n: -n):  # later-added nodes first: they feed earlier ones
-        if nid in result:
-            continue
-        pos = {n: i for i, n in enumerate(result)}
-        users = [pos[u] for u in graph.successors(nid) if u in pos]
-        preds = [pos[p] for p in graph.predecessors(nid) if p in pos]
-        at = min(users) if users else (max(preds) + 1 if preds else 0)
-        if preds and at <= max(preds):  # no room between its inputs and its users
-            return stable_topological_order(graph, order)
-        result.insert(at, nid)
-    return result
-
-
-def stable_topological_order(graph: Graph, order: Sequence[int]) -> list[int]:
-    """A valid order that keeps the old nodes' relative order where dependencies allow (Kahn's
-    algorithm by rank, rustworkx's lexicographical sort); a new node ranks just ahead of its
-    earliest old user."""
-    rank: dict[int, float] = {n: float(i) for i, n in enumerate(order) if n in graph}
-    for n in sorted(set(graph.nodes) - set(rank), reverse=True):
-        ahead = rank_ahead_of_users(graph, n, rank)
-        rank[n] = float(len(order) + n) if ahead is None else ahead
-    return sorted_by_rank(graph, rank)
-
-
-def rank_ahead_of_users(graph: Graph, nid: int, rank: Mapping[int, float]) -> float | None:
-    """A new node's rank in `stable_topological_order`: just ahead of its earliest ranked user
-    (rank the later-made nodes first: they feed the earlier ones); None when none is ranked."""
-    users = [rank[u] for u in graph.successors(nid) if u in rank]
-    return min(users) - 0.5 if users else None
-
-
-def sorted_by_rank(
-    graph: Graph, rank: Mapping[int, float], nodes: Sequence[int] | None = None
-) -> list[int]:
-    """`nodes` (default: every node, all ranked) in a topological order of the edges among
-    them, the ready node of the lowest (rank, id) first: equal ranks (new nodes ahead of one
-    user) go by id, and ids grow in creation order."""
-    dag = graph.dag if nodes is None else graph.dag.subgraph([graph.rx_index(n) for n in nodes])
-    ranked = sorted(rank if nodes is None else nodes, key=lambda n: (rank[n], n))
-    key = {n: f"{i:09d}" for i, n in enumerate(ranked)}
-    return list(rx.lexicographical_topological_sort(dag, key=key.__getitem__))

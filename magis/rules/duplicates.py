@@ -83,10 +83,8 @@ def _frozen(value):
 def recomputed_pairs(ctx: RuleContext) -> list[tuple[int, int]]:
     """(keep, drop) pairs in schedule order: a non-view node outside frozen regions computing
     what an earlier one does (a recomputed copy, mostly), and the earliest such node. Read
-    once per state (`RuleContext.memo`), from the graph's `DuplicateIndex`."""
-    if "recomputed_pairs" not in ctx.memo:
-        ctx.memo["recomputed_pairs"] = _duplicates(ctx.graph, ctx.position, ctx.frozen)
-    return ctx.memo["recomputed_pairs"]
+    once per state (`RuleContext.derived`), from the graph's `DuplicateIndex`."""
+    return ctx.derived(RECOMPUTED_PAIRS, lambda: _duplicates(ctx.graph, ctx.position, ctx.frozen))
 
 
 def _duplicates(graph: Graph, position: Mapping[int, int], frozen) -> list[tuple[int, int]]:
@@ -119,6 +117,8 @@ def _group_of(node: Node) -> tuple:
 
 
 _INDEX: DerivedKey[DuplicateIndex] = DerivedKey("rules.duplicate_index")
+# A context's (keep, drop) pairs (`recomputed_pairs`), read by several rules.
+RECOMPUTED_PAIRS: DerivedKey[list[tuple[int, int]]] = DerivedKey("rules.recomputed_pairs")
 
 
 @dataclass(frozen=True)

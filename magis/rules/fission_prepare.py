@@ -26,7 +26,7 @@ import torch
 
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.graph import Node
-from magis.ir.ops import _base_name
+from magis.ir.ops import base_name
 from magis.rules.rebuild import GraphRebuilder
 
 _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
@@ -43,7 +43,7 @@ def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
     rb = GraphRebuilder(graph)
     for nid in graph.program_order() if order is None else order:
         node = graph.node(nid)
-        base = _base_name(node.op)
+        base = base_name(node.op)
         if base in _CREATIONS and not node.is_placeholder and node.writes_into is None:
             _detach_creation(rb, node)
         elif base in _NLL and _mean_nll_without_weight(node):
@@ -64,7 +64,7 @@ def _detach_creation(rb: GraphRebuilder, node: Node) -> None:
     kw = {"dtype": meta.torch_dtype, "layout": torch.strided, "device": torch.device("cpu")}
     kw["pin_memory"] = False
     shape = list(meta.shape)
-    name = _base_name(node.op)
+    name = base_name(node.op)
     base = _CREATIONS[name]
     if base == "full":  # full_like(x, fill) or x.new_full(size, fill)
         fill = node.args[1] if name in _LIKE else node.args[2]

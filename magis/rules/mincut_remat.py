@@ -44,14 +44,8 @@ import rustworkx as rx
 
 from magis.analyze.forward_backward import forward_backward
 from magis.ir import DerivedKey, Graph, PlaceholderKind, positions
-from magis.rules.base import (
-    Rewrite,
-    Rewritten,
-    Rule,
-    RuleContext,
-    RuleKind,
-    stable_topological_order,
-)
+from magis.ir.topological import stable_topological_order
+from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
 from magis.rules.duplicates import recompute_call
 from magis.rules.recompute_trace import trace_graph
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from magis.ir import Graph, Ref
+from magis.ir import DerivedKey, Graph, Ref
 from magis.ir.ops import LOAD_OP
 from magis.ir.storage import StorageMap
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
@@ -36,6 +36,8 @@ from magis.rules.swap import unswap_all_into
 from magis.sim.tables import node_times, tables
 
 MIN_UNDOS = 2  # one undo alone is the plain duals' move
+# A context's (original, copy) pairs (`recomputed_copies`): the relaxation's and the trade's.
+RECOMPUTED_COPIES: DerivedKey[list[tuple[int, int]]] = DerivedKey("rules.recomputed_copies")
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,8 @@ def recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
     """(original, copy) for every node outside frozen regions that computes what an earlier
     one does, its inputs taken up to copies: a recomputed segment's every node, not only its
     first (`duplicates.recomputed_pairs` sees the first; the rest become duplicates only once it
-    is merged). In the copies' schedule order; found once per context (`RuleContext.memo`)."""
-    if "recomputed_copies" not in ctx.memo:
-        ctx.memo["recomputed_copies"] = _recomputed_copies(ctx)
-    return ctx.memo["recomputed_copies"]
+    is merged). In the copies' schedule order; found once per context (`RuleContext.derived`)."""
+    return ctx.derived(RECOMPUTED_COPIES, lambda: _recomputed_copies(ctx))
 
 
 def _recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:

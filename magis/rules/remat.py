@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from magis.ir import Graph, Ref
+from magis.ir import DerivedKey, Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
 from magis.rules.duplicates import duplicate_key, mapped, recompute_call, recomputed_pairs
 from magis.rules.repeated import kind_rewrites, repeated_rewrites
@@ -93,6 +93,8 @@ def recompute(graph: Graph, reads: LateReads) -> Rewritten:
 
 
 MAX_CHAIN = 4  # nodes a segment recomputation may re-run
+# A context's late reads by hot storage (None: none to rewrite), filled as the rules ask.
+LATE_READS: DerivedKey[dict[Ref, LateReads | None]] = DerivedKey("rules.late_reads")
 GROUP_CANDIDATES = 512  # candidates read for the repeated kinds' groups (which need every member)
 
 
@@ -184,7 +186,7 @@ def hot_late_reads(ctx: RuleContext, eligible, limit: int | None = None) -> Iter
     Each storage's are found once per context (on a 42,000-node split graph the rules asked
     for the same 500 hot storages' readers twice a popped state)."""
     limit = ctx.max_candidates if limit is None else limit
-    known = ctx.memo.setdefault("late_reads", {})  # re-materialization and swapping share them
+    known = ctx.derived(LATE_READS, dict)  # re-materialization and swapping share them
     emitted = 0
     for storage in hot_storages(ctx):
         if storage.node in ctx.frozen or not eligible(storage):

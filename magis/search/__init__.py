@@ -12,7 +12,7 @@ from magis.search.optimizer import (
     optimize_graph,
     start_search_workers,
 )
-from magis.search.options import MemoryFigure, SearchOptions
+from magis.search.options import TIME_BUDGET_S, MemoryFigure, SearchOptions
 from magis.search.state import Mode, MState, Objective
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "SearchOptions",
     "SearchResult",
     "SearchStats",
+    "TIME_BUDGET_S",
     "WarmStart",
     "default_rules",
     "initial_state",

@@ -19,6 +19,7 @@ from magis.cost import CostModel
 from magis.errors import MagisError, MagisWarning
 from magis.ir import Graph, positions
 from magis.rules import (
+    OrderIndex,
     Rewrite,
     Rewritten,
     Rule,
@@ -32,7 +33,7 @@ from magis.rules.relax import relaxation_at_peak
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
-from magis.search.decisions import Decision
+from magis.search.decisions import fission_decision, reorder_decision, rewrite_decision
 from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
@@ -146,7 +147,7 @@ class Evaluator:
     def context(self, state: MState, hotspots_only: bool, objective: Objective) -> RuleContext:
         """What the rules see of `state`, with the ceiling `objective` puts on moves that give
         time back and the cost model they weigh it with."""
-        ctx = RuleContext(
+        return RuleContext(
             state.graph,
             state.order,
             state.sim,
@@ -154,9 +155,9 @@ class Evaluator:
             hotspots_only,
             ceiling=objective.memory_ceiling(state),
             cost=self.cost,
+            # the rules' index of the order is the one its children's rescheduling reads
+            index=OrderIndex(state.order, self.positions(state.order)),
         )
-        # the rules' index of the order is the one its children's rescheduling reads
-        return ctx.with_position(self.positions(state.order))
 
     def moves(
         self,
@@ -303,7 +304,7 @@ class Evaluator:
             order = self.timed("schedule", time_swaps, done.graph, order, self.cost)
         order = tuple(order)  # one tuple for the state and its simulation
         sim = self.simulate(done.graph, order)
-        decision = Decision.of_fission(
+        decision = fission_decision(
             name,
             state.graph,
             state.sim,
@@ -398,7 +399,7 @@ class Evaluator:
             )
         )
         sim = self.simulate(result.graph, order)  # shares the tuple
-        decision = Decision.of_rewrite(
+        decision = rewrite_decision(
             rewrite, state.graph, state.sim, result.graph, result.added, result.removed, sim
         )
         return MState(
@@ -430,7 +431,7 @@ class Evaluator:
         peak's breakdown); True when the re-ordering won (its decision recorded)."""
         polished = self.polish(state) if affordable else state
         if polished is not state and objective.better(polished, state):
-            reorder = Decision.reorder("reschedule", state.sim, polished.sim)
+            reorder = reorder_decision("reschedule", state.sim, polished.sim)
             return replace(polished, decisions=(*state.decisions, reorder)), True
         # states are simulated without the report's detail
         return replace(state, sim=self.simulate(state.graph, state.order, True)), False

@@ -42,7 +42,7 @@ from magis.rules import (
 from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.collector import search_pace
-from magis.search.decisions import Decision
+from magis.search.decisions import warm_start_decision
 from magis.search.evaluator import Evaluator, SearchStats
 from magis.search.hashing import wl_hash
 from magis.search.initial import search_start
@@ -241,7 +241,7 @@ class _Search:
         state; re-analysis gives it an F-Tree when it is the best one popped)."""
         order = tuple(warm.order)
         sim = self.evaluator.simulate(warm.graph, order)
-        start = Decision.warm_start(
+        start = warm_start_decision(
             warm.name, self.initial.sim, sim, self.initial.graph, warm.graph
         )  # what `magis explain` shows of it
         state = MState(
@@ -271,7 +271,7 @@ class _Search:
         if self.options.workers > 1:  # the same records, children built in parallel workers
             return parallel.expand(self, state, moves)
         if moves is None:
-            state = self._reanalysed(state)
+            state = self.reanalysed(state)
             ctx = self.evaluator.context(state, self.options.hotspots_only, self.objective)
             wants = self.objective.wants_memory(state)
             moves = self.evaluator.moves(state, self.rules, ctx, wants, self.objective)
@@ -284,12 +284,12 @@ class _Search:
             if child is None:
                 continue
             evaluated += 1
-            improved = self._record(name, child)
+            improved = self.record(name, child)
             if improved or evaluated >= self.options.expansion_width:
                 self.queue.push(state, moves)
                 return
 
-    def _reanalysed(self, state: MState) -> MState:
+    def reanalysed(self, state: MState) -> MState:
         """The best state, when popped without a lineage, starts a new one on a fresh F-Tree
         (Alg. 3's Analyze), if its hot-spots are new and the analysis is affordable."""
         if not self.offers_reanalysis(state):
@@ -315,7 +315,7 @@ class _Search:
         `MState`, or a worker's `Summary` of one)."""
         return self.options.reanalyse and state is self.best and not state.in_lineage
 
-    def _record(self, name: str, child: MState) -> bool:
+    def record(self, name: str, child: MState) -> bool:
         """Count the child, keep it as the best if it is, and queue it if it is worth it;
         True when it improved on the best."""
         self.stats.states_explored += 1

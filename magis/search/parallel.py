@@ -162,10 +162,10 @@ def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
 
 
 def reanalysed(search, pool: ParallelChildren, state: MState | Summary) -> MState | Summary:
-    """`_Search._reanalysed`; for a state a worker holds, the main process decides whether the
+    """`_Search.reanalysed`; for a state a worker holds, the main process decides whether the
     analysis is due (its record of analyses is the serial search's) and the worker runs it."""
     if isinstance(state, MState):
-        return search._reanalysed(state)
+        return search.reanalysed(state)
     if not search.offers_reanalysis(state):
         return state
     reanalysis, ev = search.reanalysis, search.evaluator
@@ -185,11 +185,11 @@ def reanalysed(search, pool: ParallelChildren, state: MState | Summary) -> MStat
 
 
 def record_child(search, pool: ParallelChildren, name: str, child: Summary) -> bool:
-    """`_Search._record` on the child's figures: the best too is a `Summary`, its state stays
+    """`_Search.record` on the child's figures: the best too is a `Summary`, its state stays
     in its worker (pinned there) until the search ends."""
     improved = search.objective.better(child, search.best)
     kept = improved or search.ranking.worth_pushing(child, search.best)
-    search._record(name, child)
+    search.record(name, child)
     if improved:
         pool.pin(child.sid)
     if not kept:

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from magis.cost import CostModel
 from magis.ir import Graph, positions
-from magis.rules import Rewritten, rank_ahead_of_users, sorted_by_rank, stable_topological_order
+from magis.ir.topological import rank_ahead_of_users, sorted_by_rank, stable_topological_order
+from magis.rules import Rewritten
 from magis.schedule import incremental_schedule
 from magis.schedule.swaps import time_swaps
 from magis.sim import tables

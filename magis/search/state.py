@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from magis.ir import Graph
-from magis.search.decisions import Decision
+from magis.ir.trail import Decision
 from magis.search.fission_moves import Lineage
 from magis.search.hashing import GraphHash
 from magis.sim import SimResult

@@ -270,7 +270,7 @@ class ChildWorker:
         return hotspot_key(self.states[sid].sim.hotspots)
 
     def reanalyse(self, job: tuple[Sid, int, int]) -> tuple[bool, float]:
-        """The re-analysis of a popped best state (`_Search._reanalysed`), where it lives;
+        """The re-analysis of a popped best state (`_Search.reanalysed`), where it lives;
         the main process has decided it is due. (a lineage was found, seconds it took)."""
         sid, max_level, epoch = job
         state = self.states[sid]

@@ -46,7 +46,8 @@ class Category(enum.Enum):
     TEMPORARIES = "temporaries"
 
 
-_PLACEHOLDER_CATEGORY = {
+# How the peak's breakdown counts each kind of input (the report's replay reads it too).
+PLACEHOLDER_CATEGORY = {
     PlaceholderKind.WEIGHT: Category.WEIGHTS,
     PlaceholderKind.BUFFER: Category.BUFFERS,
     PlaceholderKind.OPT_STATE: Category.OPT_STATE,
@@ -127,7 +128,7 @@ class SimResult:
 _CATEGORIES: DerivedKey[tuple[Category, ...]] = DerivedKey("sim.categories")
 
 
-def _storage_categories(graph: Graph) -> tuple[Category, ...]:
+def storage_categories(graph: Graph) -> tuple[Category, ...]:
     """The Category of every storage of the tables, in their order (only reports need it:
     a search's thousands of simulations skip it)."""
 
@@ -229,7 +230,7 @@ def simulate(
     peak = int(timeline.max())
     peak_steps = np.flatnonzero(timeline == peak)
     latency, compute_s, copy_s = _latency(graph, ids, cost)
-    cats = _storage_categories(graph) if detail else None
+    cats = storage_categories(graph) if detail else None
     hot = _hotspots(t, alloc, free, peak_steps)
     return SimResult(
         order=tuple(order),
@@ -273,7 +274,7 @@ def _hotspots(t: Tables, alloc, free, peak_steps: np.ndarray) -> np.ndarray:
 def _breakdown(t: Tables, cats, alloc, free, step: int) -> dict[str, int]:
     out = {c.value: 0 for c in Category}
     for kind, nbytes in t.resident_by_kind.items():
-        out[_PLACEHOLDER_CATEGORY[kind].value] += nbytes
+        out[PLACEHOLDER_CATEGORY[kind].value] += nbytes
     live = np.flatnonzero((alloc <= step) & (step <= free))
     for i in live:
         out[cats[i].value] += int(t.nbytes[i])

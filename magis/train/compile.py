@@ -50,6 +50,11 @@ from magis.train.step import BatchError, BatchSpec, TrainStep
 if TYPE_CHECKING:
     from magis.cost import CostModel
 
+# magis.compile's search runs inside the user's training script, before its first step: a
+# minute, not the 3 of `magis optimize` (`magis.search.TIME_BUDGET_S`), whose plan is made once
+# and saved. The one default of `compile(time_budget=)`.
+COMPILE_TIME_BUDGET_S = 60.0
+
 
 class CompileError(MagisError):
     """Arguments of magis.compile that do not make a training step."""
@@ -64,7 +69,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     loss_fn: Callable[..., torch.Tensor] | None = None,
     mem_limit: str | float | None = None,
     lat_limit: str | float | None = None,
-    time_budget: float = 60.0,
+    time_budget: float = COMPILE_TIME_BUDGET_S,
     hardware: str | CostModel | None = None,
     plan: str | Path | Plan | None = None,
     clip_grad_norm: float | None = None,

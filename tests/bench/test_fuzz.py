@@ -11,7 +11,8 @@ from magis.bench.fuzz_chains import FIRST_RULES, ChainState, all_kinds, all_rule
 from magis.bench.fuzz_models import random_spec, random_step
 from magis.cost import get_cost_model
 from magis.ir import Ref, TensorMeta
-from magis.rules import Rewrite, Rewritten, Rule, RuleContext, RuleKind, place_after_inputs
+from magis.ir.topological import place_after_inputs
+from magis.rules import Rewrite, Rewritten, Rule, RuleContext, RuleKind
 from magis.search.hashing import wl_hash
 
 

@@ -215,11 +215,12 @@ def test_the_latency_bound_holds_for_every_plan_a_search_finds(workload, mem_lim
     from magis.capture import workload_step
     from magis.commands.limits import latency_lower_bound
     from magis.commands.optimize import find_plan, setup_search
+    from magis.search import SearchOptions
 
     _, step = workload_step(workload, float64_when_tiny=True)
     setup = setup_search(step, mem_limit=mem_limit, lat_limit=lat_limit, hardware="rtx3090")
     seen = []
-    plan = find_plan(setup, max_states=40, on_improvement=seen.append)
+    plan = find_plan(setup, SearchOptions(max_states=40), on_improvement=seen.append)
     bound = latency_lower_bound(step.graph, setup.cost)
     assert plan.summary.history  # rules were applied
     assert all(i.latency >= bound for i in seen)

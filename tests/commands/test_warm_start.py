@@ -9,6 +9,7 @@ from magis.baselines import BaselinePoint, get_baseline
 from magis.capture import workload_step
 from magis.commands.optimize import find_plan, setup_search
 from magis.commands.warm_start import WARM_START_METHODS, baseline_warm_starts, best_point
+from magis.search import SearchOptions
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def test_the_plan_is_never_behind_a_baseline_and_verifies(bert_step, limit):
     setup = setup_search(bert_step, **limit)
     warm = baseline_warm_starts(bert_step.graph, setup.cost, setup.objective, None)
     assert warm, "no baseline gave a warm start"
-    plan = find_plan(setup, max_states=5)  # too few states for the search alone
+    plan = find_plan(setup, SearchOptions(max_states=5))  # too few states for the search alone
     best_key = setup.objective.key(_figures(plan))
     for method in WARM_START_METHODS:
         points = [
@@ -38,7 +39,7 @@ def test_the_plan_is_never_behind_a_baseline_and_verifies(bert_step, limit):
 
 def test_without_warm_start_the_history_has_none(bert_step):
     setup = setup_search(bert_step, lat_limit=1.10)
-    plan = find_plan(setup, max_states=5, warm_start=False)
+    plan = find_plan(setup, SearchOptions(max_states=5), warm_start=False)
     assert not any(h.startswith("warm-start") for h in plan.summary.history)
 
 

@@ -9,8 +9,10 @@ from magis.commands.explain import explain_plan
 from magis.commands.optimize import find_plan, setup_search, setup_workload_search
 from magis.errors import MagisError, PlanError
 from magis.explain import PREDATES_DECISIONS, explain
+from magis.ir.trail import DecisionKind, Figures
 from magis.plan import Plan
-from magis.search.decisions import Decision, DecisionKind, Figures, full_trail
+from magis.search import SearchOptions
+from magis.search.decisions import full_trail, reorder_decision, warm_start_decision
 
 STATES = 30  # a search bounded by states is deterministic
 
@@ -19,7 +21,7 @@ STATES = 30  # a search bounded by states is deterministic
 def optimized(request, tmp_path_factory):
     """(plan, its saved path) of a short, reproducible search under a 1.10 latency limit."""
     setup = setup_workload_search(request.param, lat_limit="1.10", hardware="rtx3090")
-    plan = find_plan(setup, time_budget=60, max_states=STATES)
+    plan = find_plan(setup, SearchOptions(time_budget=60, max_states=STATES))
     path = plan.save(tmp_path_factory.mktemp("plans") / "plan.json")
     return plan, path
 
@@ -116,7 +118,7 @@ def test_a_broken_trail_in_a_plan_file_is_a_plan_error(optimized, tmp_path):
 def test_a_warm_start_without_its_own_decision_gets_a_row():
     program, initial = Figures(100, 1.0, 1.0, 0.0), Figures(90, 1.0, 1.0, 0.0)
     warm, best = Figures(60, 1.2, 1.1, 0.1), Figures(50, 1.3, 1.2, 0.1)
-    move = Decision.reorder("reschedule", warm, best)
+    move = reorder_decision("reschedule", warm, best)
     trail = full_trail(program, initial, best, [move], ["warm-start:pofo", "reschedule"])
     assert [d.kind for d in trail] == [
         DecisionKind.REORDER,
@@ -124,8 +126,8 @@ def test_a_warm_start_without_its_own_decision_gets_a_row():
         DecisionKind.REORDER,
     ]
     assert trail[1].rule == "pofo" and sum(d.bytes_saved for d in trail) == 50
-    # a warm start that recorded its decision (`Decision.warm_start`) gets no second row
-    own = Decision.warm_start("pofo", initial, warm)
+    # a warm start that recorded its decision (`warm_start_decision`) gets no second row
+    own = warm_start_decision("pofo", initial, warm)
     assert len(full_trail(program, initial, best, [own, move])) == 3
 
 
@@ -134,7 +136,7 @@ def test_a_limit_not_met_names_the_tensors_at_the_peak():
     # just above what stays resident: no plan can meet it (limits.check_memory_reachable)
     ratio = (setup.base.resident_bytes + 64) / setup.base.peak_bytes
     setup = setup_search(setup.step, mem_limit=ratio, hardware=setup.cost, workload="bert")
-    plan = find_plan(setup, time_budget=60, max_states=10)
+    plan = find_plan(setup, SearchOptions(time_budget=60, max_states=10))
     assert not plan.summary.satisfied
     e = explain(plan)
     assert e.bottleneck and e.bottleneck[0].nbytes == max(b.nbytes for b in e.bottleneck)
@@ -178,7 +180,7 @@ def test_exports_write_a_trace_and_a_snapshot(optimized, tmp_path):
 def test_a_warm_start_given_both_graphs_names_what_the_baseline_changed(optimized):
     plan, _ = optimized
     figures = Figures(1, 1.0, 1.0, 0.0)
-    d = Decision.warm_start("pofo", figures, figures, plan.step.graph, plan.graph)
+    d = warm_start_decision("pofo", figures, figures, plan.step.graph, plan.graph)
     captured = {plan.step.graph.node(n).name for n in plan.step.graph.program_order()}
     final = {plan.graph.node(n).name for n in plan.graph.program_order()}
     assert set(d.created) == final - captured and set(d.removed) == captured - final
@@ -186,6 +188,8 @@ def test_a_warm_start_given_both_graphs_names_what_the_baseline_changed(optimize
 
 
 def test_plan_explain_is_the_explanation(tmp_path):
-    plan = find_plan(setup_workload_search("bert-base:tiny", lat_limit=1.10), max_states=5)
+    plan = find_plan(
+        setup_workload_search("bert-base:tiny", lat_limit=1.10), SearchOptions(max_states=5)
+    )
     assert plan.explain() == explain(plan)
     assert Plan.load(plan.save(tmp_path / "p.json")).explain().rows == plan.explain().rows

@@ -12,6 +12,7 @@ from magis.commands.limits import parse_latency_limit, parse_memory_limit
 from magis.commands.optimize import find_plan, optimize, setup_search
 from magis.errors import LimitError, MagisError, PlanError
 from magis.plan import PLAN_VERSION, Plan, PlanSummary
+from magis.search import SearchOptions
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ def test_search_is_prepared_once_outside_the_budget(monkeypatch, float64):
     model, inputs = _small_model_and_inputs()
     step = magis.training_step(model, inputs, loss_fn=_cross_entropy)
     setup = setup_search(step, lat_limit=1.1, hardware=cost, memory_figure="arena")
-    plan = find_plan(setup, max_states=5)
+    plan = find_plan(setup, SearchOptions(max_states=5))
     assert events == [("profile", len(step.graph)), ("search", None)]
     s = plan.summary
     assert s.memory_figure == "arena" and s.program_order_peak_bytes == setup.base.peak_bytes
@@ -291,3 +292,29 @@ def test_the_step_plans_are_made_for_is_float64_when_tiny():
     ]
     assert torch.float64 in dtypes[0] and torch.float32 not in dtypes[0]
     assert torch.float64 not in dtypes[1] and torch.float64 not in dtypes[2]
+
+
+def test_a_plan_loads_and_explains_without_the_search(tmp_path):
+    """`magis.plan` reads its decision trail from `magis.ir.trail`, not from the search: loading
+    a plan, its report and its explanation import no module of `magis.search` (issue 45)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from magis.capture import workload_step
+
+    path = tmp_path / "plan.json"
+    optimize(workload_step("bert-base:tiny")[1], lat_limit=1.1, max_states=2).save(path)
+    code = (
+        "import sys\n"
+        "from magis.plan import Plan\n"
+        f"plan = Plan.load({str(path)!r})\n"
+        "plan.report(), plan.explain()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['magis', 'search']))\n"
+    )
+    root = str(Path(magis.__file__).parents[1])  # this checkout's magis, not an installed one
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

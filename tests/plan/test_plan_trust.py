@@ -21,7 +21,8 @@ from magis.errors import MagisError
 from magis.ir import Graph, PlaceholderKind, TensorMeta
 from magis.ir.schema import GraphSchemaError
 from magis.ir.serialize import content_digest, graph_from_json, graph_to_json
-from magis.rules import SWAP, RuleContext, candidates, place_after_inputs
+from magis.ir.topological import place_after_inputs
+from magis.rules import SWAP, RuleContext, candidates
 from magis.sim import simulate
 
 MARKER = os.path.join(tempfile.gettempdir(), "magis-test-pwned-by-a-plan")

@@ -15,11 +15,12 @@ from magis.cost import get_cost_model
 from magis.ir import Ref
 from magis.ir.graph import StorageMap, derive_storages
 from magis.ir.ops import LOAD_OP
+from magis.ir.trail import DecisionKind
 from magis.rules import RELAX, REMAT, REMAT_TO_SWAP, SWAP, RuleContext
 from magis.rules.duplicates import duplicate_key, recompute_call, recomputed_pairs
 from magis.rules.relax import Undo, fitting, recomputed_copies
 from magis.schedule.swaps import time_swaps
-from magis.search.decisions import Decision, DecisionKind
+from magis.search.decisions import rewrite_decision
 from magis.search.reschedule import order_without_solving
 from magis.sim import simulate
 
@@ -170,7 +171,7 @@ def test_explain_names_a_relaxation_by_what_it_undid(bert_tiny):
     for rw in RELAX.match(ctx):
         res, placed = _apply(graph, order, rw)
         after = simulate(res.graph, placed, COST)
-        decision = Decision.of_rewrite(rw, graph, ctx.sim, res.graph, res.added, res.removed, after)
+        decision = rewrite_decision(rw, graph, ctx.sim, res.graph, res.added, res.removed, after)
         swaps_only = "recomputed" not in rw.description
         kinds[rw.description] = decision.kind
         assert decision.kind is (
@@ -180,7 +181,7 @@ def test_explain_names_a_relaxation_by_what_it_undid(bert_tiny):
     trade = next(iter(REMAT_TO_SWAP.match(ctx)))  # swaps a recomputed copy's original instead
     res, placed = _apply(graph, order, trade)
     after = simulate(res.graph, placed, COST)
-    decision = Decision.of_rewrite(trade, graph, ctx.sim, res.graph, res.added, res.removed, after)
+    decision = rewrite_decision(trade, graph, ctx.sim, res.graph, res.added, res.removed, after)
     assert decision.kind is DecisionKind.SWAP, trade.description
 
 

@@ -12,6 +12,7 @@ from magis.capture import workload_step
 from magis.cost import get_cost_model
 from magis.ir import Ref
 from magis.ir.builder import GraphBuilder
+from magis.ir.topological import place_after_inputs, stable_topological_order
 from magis.rules import (
     COMPACT,
     DECOMPACT,
@@ -26,8 +27,6 @@ from magis.rules import (
     RuleKind,
     candidates,
     node_rule,
-    place_after_inputs,
-    stable_topological_order,
 )
 from magis.rules.remat import MAX_CHAIN
 from magis.rules.repeated import MIN_GROUP
@@ -413,3 +412,28 @@ def test_stable_topological_order_matches_kahn_by_rank(bert_tiny):
         assert g.is_valid_schedule(got)
         if g is graph and g.is_valid_schedule(old):
             assert got == old  # a valid order is kept as it is
+
+
+def test_a_context_derives_each_fact_once_under_typed_keys(bert_tiny):
+    """`RuleContext.derived` caches what several rules read of one state under keys compared
+    by identity (two keys of one name are two facts); `without_frozen` shares the order's
+    indexes, not the facts, and an index of another order is refused (issue 45)."""
+    from magis.ir import DerivedKey
+    from magis.rules import OrderIndex
+
+    graph = bert_tiny.graph
+    order = tuple(graph.program_order())
+    ctx = RuleContext(
+        graph, order, simulate(graph, order, get_cost_model("unit")), frozen=frozenset({order[0]})
+    )
+    first, second = DerivedKey("same name"), DerivedKey("same name")
+    built = []
+    assert ctx.derived(first, lambda: built.append(1) or "a") == "a"
+    assert ctx.derived(first, lambda: built.append(2) or "b") == "a"
+    assert ctx.derived(second, lambda: "c") == "c" and built == [1]
+    assert ctx.position[order[5]] == 5 and ctx.nodes_of(graph.node(order[-1]).op)
+    inside = ctx.without_frozen()
+    assert inside.index is ctx.index and not inside.frozen
+    assert inside.derived(first, lambda: "fresh") == "fresh"
+    with pytest.raises(ValueError, match="own order"):
+        RuleContext(graph, order[::-1], ctx.sim, index=OrderIndex(order))

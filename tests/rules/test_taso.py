@@ -9,7 +9,8 @@ import torch
 from magis.backend import compile_program, verify
 from magis.capture import capture, training_step, workload_step
 from magis.cost import get_cost_model
-from magis.rules import RuleContext, place_after_inputs
+from magis.ir.topological import place_after_inputs
+from magis.rules import RuleContext
 from magis.rules.compact import DECOMPACT
 from magis.rules.taso import (
     EXPAND,
@@ -335,7 +336,7 @@ def test_the_order_around_a_merge_is_the_whole_stable_sort(workload):
     products), the child's order sorts only the window the merge can change: it is the whole
     stable topological sort's order, and its position keys are that order's indices; from the
     program order and from other valid orders of the parent."""
-    from magis.rules import stable_topological_order
+    from magis.ir.topological import stable_topological_order
     from magis.search import reschedule as resched
 
     graph = workload_step(workload)[1].graph

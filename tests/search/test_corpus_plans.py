@@ -8,6 +8,7 @@ import pytest
 from magis.backend import compile_program, verify
 from magis.capture import workload_step
 from magis.commands.optimize import find_plan, setup_search
+from magis.search import SearchOptions
 
 # One per family the issue names: GQA decoder, encoder-decoder, concatenating CNN, diffusion
 # U-Net (attention, group norm), windowed attention, two-tower multi-input model.
@@ -22,7 +23,7 @@ def tiny_step(request):
 @pytest.mark.parametrize(("limit", "seed"), [({"lat_limit": 1.10}, 0), ({"mem_limit": 0.5}, 1)])
 def test_plans_on_unseen_models_verify(tiny_step, limit, seed):
     setup = setup_search(tiny_step, **limit)
-    plan = find_plan(setup, max_states=10, seed=seed)
+    plan = find_plan(setup, SearchOptions(max_states=10, seed=seed))
     assert plan.graph.is_valid_schedule(list(plan.order))
     assert plan.summary.memory_ratio <= 1.0 + 1e-9
     program = compile_program(plan.graph, list(plan.order))
