@@ -32,21 +32,14 @@ from magis.errors import MagisError
 from magis.ir import Graph
 from magis.ir.topological import place_after_inputs
 from magis.rules import (
-    COMPACT,
-    DECOMPACT,
-    DEREMAT,
-    DESWAP,
-    MINCUT_REMAT,
-    RELAX,
-    REMAT,
-    REMAT_TO_SWAP,
-    SWAP,
-    TASO_RULES,
     Rewritten,
     Rule,
     RuleContext,
     RuleKind,
+    dual_kind,
+    fuzzed_rules,
 )
+from magis.rules.catalog import FIRST_FUZZ_ROUND
 from magis.schedule import incremental_schedule, schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
@@ -61,16 +54,22 @@ FISSION_N = (2, 3, 4)
 PLACEMENTS = {"hint": 0.6, "after_inputs": 0.35, "incremental": 0.05}
 FISSION_SHARE = 0.3  # steps that try an F-Tree move
 REANALYSIS_SHARE = 0.25  # of those after other rules: an analysis costs ~50 ms
-DUAL_KINDS = {"remat": "deremat", "swap": "deswap", "compact": "decompact"}
-DUAL_KINDS |= {v: k for k, v in DUAL_KINDS.items()} | {"taso": "taso"}
-
 # The rules of the first fuzz runs: their reproducers replay with these.
-FIRST_RULES = (*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT, MINCUT_REMAT)
+FIRST_RULES = fuzzed_rules(FIRST_FUZZ_ROUND)
 
 
 def all_rules() -> tuple[Rule, ...]:
-    """Every rewrite rule the search applies, each with its dual."""
-    return (*FIRST_RULES, REMAT_TO_SWAP, RELAX)
+    """Every rewrite rule the rule catalog marks as fuzzed (`magis.rules.catalog`), by the
+    round that first drew it: a seed of an earlier run draws the same chains."""
+    return fuzzed_rules()
+
+
+def dual_kind_name(kind: str) -> str | None:
+    """The name of the rule kind that undoes a step of kind `kind` (the catalog's
+    `dual_kind`); None after an F-Tree move, which has no dual kind."""
+    if kind == FISSION:
+        return None
+    return dual_kind(RuleKind(kind)).value
 
 
 def all_kinds() -> frozenset[str]:
@@ -237,7 +236,7 @@ def rules_in_turn(rules: Sequence[Rule], state: ChainState, rng: random.Random) 
     order = list(rules)
     rng.shuffle(order)
     if state.kinds and rng.random() < 0.5:
-        dual = DUAL_KINDS.get(state.kinds[-1])
+        dual = dual_kind_name(state.kinds[-1])
         order.sort(key=lambda r: r.kind.value != dual)
     return order
 

@@ -4,7 +4,8 @@
 of §5.1.
 
 Every graph rewrite rule follows one contract (base.py): a `Rule` whose `match` yields lazy
-`Rewrite`s, each building a `Rewritten` only when asked.
+`Rewrite`s, each building a `Rewritten` only when asked. The rules the search and the fuzzer
+apply, with their kinds and duals, are listed once, in `catalog.py` (`RULE_CATALOG`).
 """
 
 from magis.rules.base import (
@@ -20,6 +21,15 @@ from magis.rules.base import (
     node_rewrites,
     node_rule,
     ordered_for,
+)
+from magis.rules.catalog import (
+    RULE_CATALOG,
+    CatalogEntry,
+    catalog_entry,
+    decision_kind,
+    dual_kind,
+    fuzzed_rules,
+    rules_in_search_order,
 )
 from magis.rules.compact import COMPACT, DECOMPACT
 from magis.rules.duplicates import recompute_call
@@ -51,8 +61,10 @@ __all__ = [
     "RELAX",
     "REMAT",
     "REMAT_TO_SWAP",
+    "RULE_CATALOG",
     "SWAP",
     "TASO_RULES",
+    "CatalogEntry",
     "FTreeMutation",
     "FissionError",
     "Materialized",
@@ -65,6 +77,11 @@ __all__ = [
     "RuleContext",
     "RuleKind",
     "candidates",
+    "catalog_entry",
+    "decision_kind",
+    "dual_kind",
+    "fuzzed_rules",
+    "rules_in_search_order",
     "check_shapes",
     "directly_enableable",
     "direct_fission_numbers",

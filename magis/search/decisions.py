@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.ir.trail import Decision, DecisionKind, Figures, Split
+from magis.rules import RuleKind, decision_kind
 
 if TYPE_CHECKING:
     from magis.analyze.ftree import FTree
@@ -26,16 +27,6 @@ if TYPE_CHECKING:
 COPY_OPS = (STORE_OP, LOAD_OP)
 MAX_MODULES = 8  # per decision: a fission's nodes may span a model's every layer
 
-# RuleKind.value -> DecisionKind (rules/base.py names the rule kinds; search sits above rules).
-_RULE_KINDS = {
-    "taso": DecisionKind.TASO,
-    "remat": DecisionKind.RECOMPUTE,
-    "deremat": DecisionKind.UNDO_RECOMPUTE,
-    "swap": DecisionKind.SWAP,
-    "deswap": DecisionKind.UNDO_SWAP,
-    "compact": DecisionKind.COMPACTION,
-    "decompact": DecisionKind.UNDO_COMPACTION,
-}
 _REORDERS = {
     "dp-schedule": "the program re-ordered by the DP scheduler (the search's start, §6.1)",
     "reschedule": "the best graph re-ordered in full by the DP scheduler",
@@ -60,7 +51,7 @@ def rewrite_decision(
     created, gone = _nodes(child, added), _nodes(parent, removed)
     return Decision(
         rewrite.rule,
-        _kind_of_rewrite(rewrite.kind.value, created, gone),
+        _kind_of_rewrite(rewrite.kind, created, gone),
         rewrite.description,
         tuple(n.name for n in created),
         tuple(n.name for n in gone),
@@ -178,11 +169,11 @@ def full_trail(
     return (*rows, *decisions)
 
 
-def _kind_of_rewrite(rule_kind: str, created: list, gone: list) -> DecisionKind:
+def _kind_of_rewrite(rule_kind: RuleKind, created: list, gone: list) -> DecisionKind:
     """The decision's kind from what the rewrite did. The rules that give time back share
     re-materialization's dual kind, but the trade makes swaps (`remat_to_swap`) and a
     relaxation may drop only swaps: named by what was made and dropped."""
-    kind = _RULE_KINDS.get(rule_kind, DecisionKind.TASO)
+    kind = decision_kind(rule_kind)  # the rule catalog's table
     if kind is not DecisionKind.UNDO_RECOMPUTE:
         return kind
     if any(n.op in COPY_OPS for n in created):

@@ -26,19 +26,7 @@ from typing import Any
 
 from magis.cost import CostModel
 from magis.ir import Graph
-from magis.rules import (
-    COMPACT,
-    DECOMPACT,
-    DEREMAT,
-    DESWAP,
-    MINCUT_REMAT,
-    RELAX,
-    REMAT,
-    REMAT_TO_SWAP,
-    SWAP,
-    TASO_RULES,
-    Rule,
-)
+from magis.rules import Rule, rules_in_search_order
 from magis.search import concurrent, fission_moves, parallel
 from magis.search.budget import Budget, PolishCost
 from magis.search.collector import search_pace
@@ -60,19 +48,10 @@ def default_rules() -> tuple[Rule, ...]:
     left out of memory-limit searches while nothing undid its swaps in bulk (bart-base under
     0.4: 1.163 of the latency with it, 1.094 without, before relaxation); with relaxation, 60
     s, --workers 2, under memory 0.4: corpus:densenet121 1.155 -> 1.121, corpus:regnet 1.119
-    -> 1.108, corpus:t5 1.145 -> 1.140, corpus:bart 1.145 -> 1.146."""
-    return (
-        *TASO_RULES,
-        REMAT,
-        DEREMAT,
-        SWAP,
-        DESWAP,
-        REMAT_TO_SWAP,
-        RELAX,
-        COMPACT,
-        DECOMPACT,
-        MINCUT_REMAT,
-    )
+    -> 1.108, corpus:t5 1.145 -> 1.140, corpus:bart 1.145 -> 1.146.
+
+    The rules and their order are the rule catalog's (`magis.rules.catalog.RULE_CATALOG`)."""
+    return rules_in_search_order()
 
 
 def search_rules(options: SearchOptions) -> tuple[Rule, ...]:
