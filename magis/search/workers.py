@@ -25,6 +25,7 @@ from magis.search.collector import worker_pace
 from magis.search.evaluator import Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
 from magis.search.initial import INITIAL_SID, search_start
+from magis.search.main_guard import refuse_unguarded_main
 from magis.search.pickling import dumps, loads
 from magis.search.state import MState, Objective
 
@@ -318,21 +319,11 @@ class WorkerError(RuntimeError):
     """A worker raised while evaluating a move (the traceback is in the message)."""
 
 
-class UnguardedMainError(MagisError):
-    """A search with workers was started by a worker process while it started up."""
-
-
 def start_local_workers(n: int, setup: bytes, first: Call | None = None) -> LocalWorkers:
     """`n` worker processes on this machine, forked from a clean forkserver process (forking
     one that has run torch is unsafe), or spawned where there is none. `first`: a call made
     as soon as they start, while the caller goes on (its answer is `LocalWorkers.answer`)."""
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        # A worker runs the caller's script again as it starts (Python's forkserver and spawn
-        # do): unguarded, that script's search would start workers of its own, and both wait.
-        raise UnguardedMainError(
-            "a search with workers > 1 was started while a worker process was starting: put "
-            'the script\'s top-level code under `if __name__ == "__main__":`'
-        )
+    refuse_unguarded_main()  # before any worker starts: each would run the script again
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
@@ -363,8 +354,8 @@ def _start_all(workers: LocalWorkers, ends: list[Connection], first: Call | None
             wid, method, arg = first
             workers.conns[wid].send((method, arg))
     except Exception as exc:  # noqa: BLE001 - the main process raises it at its next call
-        # The forkserver runs the caller's script too: an unguarded one ends it, and a
-        # worker's start then meets a broken pipe.
+        # A worker that ends as it starts (an unguarded script `main_guard` could not read
+        # refuses in it) leaves the next start a broken pipe.
         workers.start_error = exc
 
 

@@ -303,27 +303,55 @@ def test_a_rule_that_raises_while_it_matches_offers_no_more_and_the_others_go_on
     assert evaluator.stats.failed_children["broken"] == 1
 
 
-def test_an_unguarded_script_with_workers_fails_with_a_message_instead_of_hanging(tmp_path):
-    """A worker runs the caller's script again as it starts (forkserver, spawn): a script
-    without a `__main__` guard would start a search with workers inside the worker, and both
-    processes waited for ever. Now the worker's search refuses to start, with the fix in one
-    line, and the caller's search ends with an error (the forkserver runs the script too, and
-    its end leaves the workers unstarted: a WorkerError that says so)."""
+UNGUARDED = (
+    "import magis\n"
+    "from magis.capture import workload_step\n"
+    'print("TOP-LEVEL MARKER", flush=True)\n'
+    '_, step = workload_step("bert-base:tiny", float64_when_tiny=True)\n'
+    "magis.optimize(step, lat_limit=1.1, max_states=5, workers=2)\n"
+    'print("SEARCH ENDED", flush=True)\n'
+)
+
+
+def _run_script(tmp_path, text: str):
     import subprocess
     import sys
 
-    script = tmp_path / "unguarded.py"
-    script.write_text(  # a model whose search outlasts a worker's start (a tiny MLP's ends first)
-        "import torch, magis\n"
-        "layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)\n"
-        "m = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 4), torch.nn.Linear(64, 4))\n"
-        "x, y = torch.randn(8, 16, 64), torch.randint(0, 4, (8, 16))\n"
-        "loss = lambda out, a, b: torch.nn.functional.cross_entropy(out.flatten(0, 1), b.flatten())\n"
-        "magis.optimize(m, (x, y), loss_fn=loss, lat_limit=1.1, time_budget=120, workers=2)\n"
-    )
-    run = subprocess.run(
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
+
+
+def test_an_unguarded_script_with_workers_is_refused_before_any_worker_runs_it(tmp_path):
+    """A worker runs the caller's script again as it starts (forkserver, spawn: the standard
+    library's preparation of `__main__`): a script without a `__main__` guard repeated its
+    whole top level in every worker, capture, searches and prints, and both processes could
+    wait for ever. Now the search refuses before any worker starts, in one line that says
+    where and what to do: the script's top level ran once."""
+    run = _run_script(tmp_path, UNGUARDED)
     assert run.returncode != 0
-    assert "UnguardedMainError" in run.stderr and 'if __name__ == "__main__":' in run.stderr
-    assert "WorkerError: the worker processes could not start" in run.stderr
+    assert run.stdout.count("TOP-LEVEL MARKER") == 1, run.stdout
+    assert "SEARCH ENDED" not in run.stdout
+    error = [line for line in run.stderr.splitlines() if "UnguardedMainError: " in line]
+    assert len(error) == 1, run.stderr
+    assert "line 5 of the script" in error[0] and 'if __name__ == "__main__":' in error[0]
+    assert "WorkerError" not in run.stderr
+
+
+def test_a_guarded_script_is_not_refused(tmp_path):
+    """The check reads the running statement of the script: under the guard it passes (and
+    so does code the workers would not run again: `python -c`, an interactive session)."""
+    from magis.search.main_guard import unguarded_main_line
+
+    guarded = (
+        "from magis.search.main_guard import unguarded_main_line\n"
+        "print('top', unguarded_main_line())\n"
+        "if __name__ == '__main__':\n"
+        "    print('guarded', unguarded_main_line())\n"
+    )
+    run = _run_script(tmp_path, guarded)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == ["top 2", "guarded None"]
+    assert unguarded_main_line() is None  # pytest's own __main__ is guarded or not re-run
