@@ -80,3 +80,9 @@ def deferred_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
     if pending:
         raise KeyboardInterrupt
+
+
+def exception_line(exc: BaseException) -> str:
+    """`TypeName: first line of the message`: an exception as one line of a report."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

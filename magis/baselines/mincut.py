@@ -68,7 +68,7 @@ from magis.capture.fx_import import constant_values, import_fx
 from magis.capture.trace import Step, training_step
 from magis.capture.workloads import get_workload
 from magis.cost import CostModel
-from magis.errors import MagisError
+from magis.errors import MagisError, exception_line
 from magis.ir import Graph
 
 aten = torch.ops.aten
@@ -201,14 +201,9 @@ def trace_workload(
     except MagisError:
         raise
     except Exception as exc:  # noqa: BLE001 - AOTAutograd raises many types; report, don't crash
-        raise MinCutError(f"{name}: AOTAutograd failed: {_first_line(exc)}") from exc
+        raise MinCutError(f"{name}: AOTAutograd failed: {exception_line(exc)}") from exc
     step = training_step(model, inputs, loss_fn=wl.loss_fn) if with_step else None
     return MinCutWorkload(name, joint, step)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def partition_point(joint: JointCapture, spec: PartitionSpec, cost: CostModel) -> Outcome:
@@ -219,7 +214,7 @@ def partition_point(joint: JointCapture, spec: PartitionSpec, cost: CostModel) -
     except MagisError as exc:
         return Failure(spec.method, str(exc), spec.params())
     except Exception as exc:  # noqa: BLE001 - the partitioner raises many types
-        return Failure(spec.method, f"partition failed: {_first_line(exc)}", spec.params())
+        return Failure(spec.method, f"partition failed: {exception_line(exc)}", spec.params())
     params = {
         **spec.params(),
         "saved_activation_bytes": part.saved_activation_bytes(),

@@ -48,7 +48,7 @@ from magis.capture.user_model import is_model_file
 from magis.capture.workloads import get_workload
 from magis.cost import HARDWARE_PRESETS, CostModel, get_cost_model
 from magis.cost.op_classes import OP_CLASSES, op_class
-from magis.errors import MagisError
+from magis.errors import MagisError, exception_line
 from magis.ir import Graph
 from magis.sim import simulate
 
@@ -438,8 +438,7 @@ def _measured(row: GpuRow, step: Callable[[], object], case: _Case, meter: Devic
 
 
 def _why(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return exception_line(exc)[:300]  # a row's note, not a traceback
 
 
 # --- the presets against the profiled model --------------------------------------------------------

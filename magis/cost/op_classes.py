@@ -47,6 +47,6 @@ def op_class(op: str) -> str:
         return "attention"
     if packet in _REDUCTION:
         return "reduction"
-    if packet in _COPY or "copy" in op.lower() or op.lower().startswith("magis"):
+    if packet in _COPY or "copy" in packet:
         return "copy"
     return "pointwise"

@@ -100,7 +100,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     chosen = _plan_for(
         prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
     )
-    return prepared.train_step(chosen, clip_grad_norm, measure, cuda_graph)
+    return prepared.train_step(chosen, measure, cuda_graph)
 
 
 def compile_program_order(
@@ -127,7 +127,7 @@ def compile_program_order(
     )
     graph = prepared.step.graph
     order = ProgramOrder(graph, graph.program_order())
-    return prepared.train_step(order, clip_grad_norm, measure, cuda_graph)
+    return prepared.train_step(order, measure, cuda_graph)
 
 
 @dataclass(frozen=True)
@@ -149,14 +149,9 @@ class PreparedStep:
     batch: BatchSpec
     trainable: list[str]
     device: torch.device
+    clip_grad_norm: float | None  # the norm the rule clips to (its scalar input each call)
 
-    def train_step(
-        self,
-        plan,
-        clip_grad_norm: float | None = None,
-        measure: bool = False,
-        cuda_graph: bool | None = None,
-    ) -> TrainStep:
+    def train_step(self, plan, measure: bool = False, cuda_graph: bool | None = None) -> TrainStep:
         return TrainStep(
             self.model,
             self.optimizer,
@@ -165,7 +160,7 @@ class PreparedStep:
             self.rule,
             self.batch,
             self.trainable,
-            clip_grad_norm=clip_grad_norm,
+            clip_grad_norm=self.clip_grad_norm,
             measure=measure,
             cuda_graph=cuda_graph,
         )
@@ -206,7 +201,7 @@ def prepare_step(
                 "example_kwargs= and call train_step(**batch)"
             ) from exc
         raise
-    return PreparedStep(model, optimizer, step, rule, batch, names, device)
+    return PreparedStep(model, optimizer, step, rule, batch, names, device, clip_grad_norm)
 
 
 def _check_limits(mem_limit, lat_limit, plan) -> None:
