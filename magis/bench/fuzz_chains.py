@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from magis.backend import MetaChecker
@@ -32,6 +32,7 @@ from magis.errors import MagisError
 from magis.ir import Graph
 from magis.ir.topological import place_after_inputs
 from magis.rules import (
+    Mutation,
     Rewritten,
     Rule,
     RuleContext,
@@ -172,8 +173,8 @@ def _try_fission(start: Start, kind: str, state: ChainState, rng: random.Random)
         raise ChainError((*state.chain, FISSION), f"{type(exc).__name__}: {exc}") from exc
 
 
-def random_n_trees(tree, rng: random.Random):
-    """(description, tree) for a few random tree-nodes enabled at a random n in FISSION_N that
+def random_n_trees(tree, rng: random.Random) -> Iterator[Mutation]:
+    """Moves (of kind "n=<n>") for a few random tree-nodes enabled at a random n in FISSION_N that
     divides what is left of the node's length (and, one time in ten, at one that does not: a
     split the materialization must refuse)."""
     for i in rng.sample(range(len(tree)), min(3, len(tree))):
@@ -188,7 +189,8 @@ def random_n_trees(tree, rng: random.Random):
             ns = [n for n in FISSION_N if length % n != 0]
         if ns:
             n = rng.choice(ns)
-            yield f"n={n} {i}", tree.with_n(i, n)
+            built = tree.with_n(i, n)
+            yield Mutation(f"n={n}", i, lambda t=built: t)
 
 
 def fission_step(
@@ -199,16 +201,16 @@ def fission_step(
     skips: n does not divide, a bad split, ops that fail on the derived strides)."""
     lineage = state.lineage
     offered = list(itertools.islice(fission_moves.moves(lineage.tree, twins=True), 24))
-    offered += [(d, lambda t=t: t) for d, t in random_n_trees(lineage.tree, rng)]
+    offered += list(random_n_trees(lineage.tree, rng))
     rng.shuffle(offered)
     rejected = state.meta_rejected
-    for description, build in offered[:4]:
-        tree = build()
+    for move in offered[:4]:
+        tree = move.build()
         try:
             done = fission_moves.apply(lineage, tree)
         except MagisError:
             continue
-        name = f"{FISSION}:{description.split()[0]}"
+        name = f"{FISSION}:{move.kind}"
         if not checker.derive(done.graph, done.materialized.touched).ok:
             rejected = (*rejected, name)
             continue
@@ -221,7 +223,7 @@ def fission_step(
             None,
             done.frozen,
             replace(lineage, tree=tree, materialized=done.materialized),
-            (*state.chain, f"{name}: {description}"),
+            (*state.chain, f"{name}: {move.description}"),
             (*state.kinds, FISSION),
             (*state.placements, FISSION),
             None,

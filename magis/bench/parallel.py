@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from magis.search.workers import import_ray, start_ray
+from magis.search.transport import import_ray, start_ray
 
 C = TypeVar("C")
 

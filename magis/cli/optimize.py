@@ -237,7 +237,7 @@ def _check_parallel(workers: int, ray: str | None) -> None:
         return
     if workers < 2:
         raise UsageError("--ray runs the --workers as Ray actors: give --workers N (N >= 2)")
-    from magis.search.workers import import_ray
+    from magis.search.transport import import_ray
 
     import_ray()
 

@@ -181,14 +181,22 @@ FTREE_MUTATIONS: tuple[FTreeMutation, ...] = (
 
 @dataclass(frozen=True)
 class Mutation:
-    """A lazy mutation: `build()` makes the new tree only when asked."""
+    """A lazy mutation: `build()` makes the new tree only when asked. `kind` names the move
+    (a `MutationKind`'s value, or a macro move's: "enable-direct", "enable-level", ...): the
+    search records its child under "fission:<kind>"; `target` is the tree-node it applies to
+    (a level's number for a level-wide move)."""
 
-    description: str
+    kind: str
+    target: int
     build: Callable[[], FTree]
+
+    @property
+    def description(self) -> str:
+        return f"{self.kind} {self.target}"
 
 
 def mutations(tree: FTree, rules: Sequence[FTreeMutation] = FTREE_MUTATIONS) -> Iterator[Mutation]:
     """Every applicable mutation of `tree`, rule by rule, nodes in index order."""
     for rule in rules:
         for i in rule.match(tree):
-            yield Mutation(f"{rule.kind.value} {i}", lambda rule=rule, i=i: rule.apply(tree, i))
+            yield Mutation(rule.kind.value, i, lambda rule=rule, i=i: rule.apply(tree, i))

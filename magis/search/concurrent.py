@@ -9,7 +9,7 @@ that child, so most of a search is a line of single children. On vit-base, 2 wor
 at once for 3 of 26 s, and the search was slower than serial.
 
 A search bounded by time is not reproducible anyway (the queue's order reads the clock), so here
-each idle worker pops the next state and expands it, move by move, as `_Search.expand` does
+each idle worker pops the next state and expands it, move by move, as `SearchCore.expand` does
 (partial expansion: up to `expansion_width` children, stopping at an improvement), and outcomes
 are recorded as they arrive. The line of improvements goes on at the serial speed in the worker
 that holds it (a popped state goes to a worker that holds it when one is idle), while the other
@@ -21,16 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from magis.search.parallel import (
-    Batch,
-    ParallelChildren,
-    PendingMoves,
-    pool_of,
-    reanalysed,
-    record_child,
-)
+from magis.search.core import SearchCore
+from magis.search.messages import Batch, Outcome, Summary
+from magis.search.parallel import ParallelStrategy
+from magis.search.pool import ParallelChildren, PendingMoves
 from magis.search.state import MState
-from magis.search.workers import Outcome, Summary
 
 # Queue entries a worker looks through for a state it holds. With 8, on corpus:phi under 1.10
 # (49,000-node split graphs) a tenth of the workers' time went to pickling and unpickling the
@@ -49,43 +44,81 @@ class _Job:
     evaluated: int = 0
 
 
-def run(search) -> None:
-    """Pop and expand until the budget is spent or nothing is left to expand."""
-    pool = pool_of(search)
-    jobs: dict[int, _Job] = {}
-    while not _over(search, pool, jobs):
-        _start_jobs(search, pool, jobs)
-        if not jobs and pool.reordering_worker() is not None:  # what is left is the re-ordering's
-            pool.wait_for_reordering()
-            continue
-        if not jobs:
-            return
-        for wid, job in jobs.items():  # each job's worker at work, or its outcome ready
-            if wid not in pool.busy and job.moves.cursor not in job.moves.outcomes:
-                _submit_next(search, pool, wid, job)
-        wid, out = _next_outcome(pool, jobs)
-        if _advance(search, pool, jobs[wid], out):
-            del jobs[wid]
+class ConcurrentStrategy(ParallelStrategy):
+    """Each worker expands a popped state of its own (`magis.search.strategy`); what is
+    recorded, and how, is `ParallelStrategy`'s."""
+
+    def run(self, core: SearchCore) -> None:
+        """Pop and expand until the budget is spent or nothing is left to expand."""
+        pool = self.pool_for(core)
+        jobs: dict[int, _Job] = {}
+        while not _over(core, pool, jobs):
+            self._start_jobs(core, pool, jobs)
+            if not jobs and pool.reordering_worker() is not None:  # the re-ordering's time
+                pool.wait_for_reordering()
+                continue
+            if not jobs:
+                return
+            for wid, job in jobs.items():  # each job's worker at work, or its outcome ready
+                if wid not in pool.busy and job.moves.cursor not in job.moves.outcomes:
+                    _submit_next(core, pool, wid, job)
+            wid, out = _next_outcome(pool, jobs)
+            if self._advance(core, pool, jobs[wid], out):
+                del jobs[wid]
+
+    def _start_jobs(self, core: SearchCore, pool: ParallelChildren, jobs: dict[int, _Job]) -> None:
+        """Give every idle worker a popped state, one it holds where the queue's next few
+        have one."""
+        while core.queue:
+            idle = [w for w in range(pool.n) if w not in jobs and w not in pool.busy]
+            if not idle:
+                return
+            popped = _pop_for(core, pool, idle)
+            if popped is None:
+                return
+            wid, state, moves = popped
+            if moves is None:
+                state = self.reanalysed(core, pool, state)  # waits on its worker if busy
+                moves = PendingMoves(pool.sid_for(state), state.nodes)
+            jobs[wid] = _Job(state, moves)
+
+    def _advance(self, core: SearchCore, pool: ParallelChildren, job: _Job, out: Outcome) -> bool:
+        """Record one outcome of a job, as `SearchCore.expand` records a child; True when the
+        job is over (no more moves, an improvement, or `expansion_width` children)."""
+        moves = job.moves
+        moves.cursor += 1
+        if out.name is None:  # no more moves: the state is done with
+            pool.release(moves.sid)
+            return True
+        child = pool.replay(core.evaluator, out)
+        if child is None:
+            return False
+        job.evaluated += 1
+        improved = self.record_child(core, pool, out.name, child)
+        if improved or job.evaluated >= core.options.expansion_width:
+            core.push(job.state, moves)
+            return True
+        return False
 
 
-def _over(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool:
+def _over(core: SearchCore, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool:
     """Whether the search is over. Once only the final re-ordering's reserve is left
     (`budget.PolishCost`), the worker that holds the best re-orders it while the others go
     on exploring until the budget's end: on corpus:phi's 42,000-node best, 7 s of a 60 s
     search in which both workers waited for the main process. Where no worker holds the
     best, the search ends there and re-orders it itself, as the serial search does."""
-    if not search.out_of_budget():
+    if not core.out_of_budget():
         return False
-    if pool.reordering is None and not _reorder_best(search, pool, jobs):
+    if pool.reordering is None and not _reorder_best(core, pool, jobs):
         return True
-    return search.budget.over()
+    return core.budget.over()
 
 
-def _reorder_best(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool:
+def _reorder_best(core: SearchCore, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool:
     """Have the best's worker re-order it (its job, if any, goes back to the queue); False
     when no worker holds the best or its re-ordering is not affordable."""
-    best = search.best
-    if not isinstance(best, Summary) or not search.budget.polish.affordable(best.nodes):
+    best = core.best
+    if not isinstance(best, Summary) or not core.budget.polish.affordable(best.nodes):
         return False
     holders = pool.holders(best.sid)
     if not holders:
@@ -93,28 +126,12 @@ def _reorder_best(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> bool
     wid = min(holders)
     job = jobs.pop(wid, None)
     if job is not None:
-        search.queue.push(job.state, job.moves)
+        core.push(job.state, job.moves)
     pool.reorder(best.sid, wid)
     return True
 
 
-def _start_jobs(search, pool: ParallelChildren, jobs: dict[int, _Job]) -> None:
-    """Give every idle worker a popped state, one it holds where the queue's next few have one."""
-    while search.queue:
-        idle = [w for w in range(pool.n) if w not in jobs and w not in pool.busy]
-        if not idle:
-            return
-        popped = _pop_for(search, pool, idle)
-        if popped is None:
-            return
-        wid, state, moves = popped
-        if moves is None:
-            state = reanalysed(search, pool, state)  # waits on the state's worker if busy
-            moves = PendingMoves(pool.sid_for(state), state.nodes)
-        jobs[wid] = _Job(state, moves)
-
-
-def _pop_for(search, pool: ParallelChildren, idle: list[int]):
+def _pop_for(core: SearchCore, pool: ParallelChildren, idle: list[int]):
     """(worker, state, moves): the first of the queue's next `LOOKAHEAD` entries that an idle
     worker holds (to that worker), or that no worker holds (the main process pickles those
     without waiting on anyone); else the first, to the first idle worker. Moving a state
@@ -123,8 +140,8 @@ def _pop_for(search, pool: ParallelChildren, idle: list[int]):
     whose children fill the top of the queue."""
     popped = []
     chosen = None
-    while search.queue and len(popped) < LOOKAHEAD:
-        state, moves = search.queue.pop()
+    while core.queue and len(popped) < LOOKAHEAD:
+        state, moves = core.pop()
         holders = pool.holders(state.sid) if isinstance(state, Summary) else set()
         takers = [w for w in idle if w in holders]
         if takers or not holders:
@@ -136,21 +153,21 @@ def _pop_for(search, pool: ParallelChildren, idle: list[int]):
         if movable:
             chosen = (idle[0], *popped.pop(movable[0]))
     for state, moves in popped:
-        search.queue.push(state, moves)
+        core.push(state, moves)
     return chosen
 
 
-def _submit_next(search, pool: ParallelChildren, wid: int, job: _Job) -> None:
-    """The job's next moves, as a batch that stops where `_Search.expand` would (or within a
+def _submit_next(core: SearchCore, pool: ParallelChildren, wid: int, job: _Job) -> None:
+    """The job's next moves, as a batch that stops where `SearchCore.expand` would (or within a
     second, so that the budget is kept)."""
     moves = job.moves
     moves.next_index = moves.cursor
     batch = Batch(
-        search.objective,
-        search.objective.key(search.best),
-        search.options.expansion_width - job.evaluated,
+        core.objective,
+        core.objective.key(core.best),
+        core.options.expansion_width - job.evaluated,
         BATCH_MOVES,
-        min(BATCH_SECONDS, search.budget.seconds - search.budget.elapsed()),
+        min(BATCH_SECONDS, core.budget.seconds - core.budget.elapsed()),
     )
     pool.submit(wid, moves, moves.next_index, batch)
 
@@ -163,22 +180,3 @@ def _next_outcome(pool: ParallelChildren, jobs: dict[int, _Job]) -> tuple[int, O
             if job.moves.cursor in job.moves.outcomes:
                 return wid, job.moves.outcomes.pop(job.moves.cursor)
         pool.collect()
-
-
-def _advance(search, pool: ParallelChildren, job: _Job, out: Outcome) -> bool:
-    """Record one outcome of a job, as `_Search.expand` records a child; True when the job is
-    over (no more moves, an improvement, or `expansion_width` children)."""
-    moves = job.moves
-    moves.cursor += 1
-    if out.name is None:  # no more moves: the state is done with
-        pool.release(moves.sid)
-        return True
-    child = pool.replay(search.evaluator, out)
-    if child is None:
-        return False
-    job.evaluated += 1
-    improved = record_child(search, pool, out.name, child)
-    if improved or job.evaluated >= search.options.expansion_width:
-        search.queue.push(job.state, moves)
-        return True
-    return False

@@ -184,12 +184,12 @@ class Evaluator:
             limit = fission_moves.REANALYSIS_MOVES if state.fission.epoch else None
             streams.append(
                 (
-                    "fission:" + d.split()[0],
-                    lambda b=build, d=d: self.repaired(
-                        self.fission_child(state, b, "fission:" + d.split()[0]), objective
+                    f"fission:{m.kind}",
+                    lambda m=m: self.repaired(
+                        self.fission_child(state, m.build, f"fission:{m.kind}"), objective
                     ),  # a materialization renumbers nodes: no parent context
                 )
-                for d, build in fission_moves.moves(
+                for m in fission_moves.moves(
                     state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
                 )
             )

@@ -23,6 +23,7 @@ from magis.ir import Graph
 from magis.rules import (
     FTREE_MUTATIONS,
     Materialized,
+    Mutation,
     MutationKind,
     direct_fission_numbers,
     directly_enableable,
@@ -193,8 +194,8 @@ _TIME_RANK = {"coarsen": 0, "disable": 1, "lift": 2, "enable": 3, "mutate": 4}
 
 def moves(
     tree, limit: int | None = None, wants_memory: bool | None = None, twins: bool = False
-) -> Iterator[tuple[str, object]]:
-    """Lazy (description, build-new-tree) pairs: every applicable F-Tree mutation (at most
+) -> Iterator[Mutation]:
+    """Lazy mutations (`Mutation`: kind, tree-node, build-new-tree): every applicable one (at most
     `limit`), the most promising first — enabling and splitting further before lifting or
     disabling, and within a kind the tree-nodes of highest score (Eq. 4: the peak reduction an
     F-Trans promises). When the objective wants time, not memory (`wants_memory` False: a
@@ -205,12 +206,11 @@ def moves(
     yield from itertools.islice(_all_moves(tree, wants_memory is False, twins), limit)
 
 
-def _all_moves(tree, wants_time: bool, twins: bool = False) -> Iterator[tuple[str, object]]:
+def _all_moves(tree, wants_time: bool, twins: bool = False) -> Iterator[Mutation]:
     ranks = _TIME_RANK if wants_time else _RULE_RANK
 
-    def rank(cand) -> tuple:
-        kind, index = cand.description.split()
-        return ranks.get(kind, len(ranks)), -tree.nodes[int(index)].score
+    def rank(cand: Mutation) -> tuple:
+        return ranks.get(cand.kind, len(ranks)), -tree.nodes[cand.target].score
 
     if wants_time:
         yield from _level_moves(tree, (MutationKind.COARSEN,))
@@ -219,8 +219,7 @@ def _all_moves(tree, wants_time: bool, twins: bool = False) -> Iterator[tuple[st
             yield from _twin_moves(tree)
         yield from _direct_moves(tree)
         yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
-    for cand in sorted(mutations(tree), key=rank):
-        yield cand.description, cand.build
+    yield from sorted(mutations(tree), key=rank)
     if wants_time:  # the large splits last: they cost time
         if twins:
             yield from _twin_moves(tree)
@@ -239,7 +238,7 @@ DIRECT_MOVES = 3  # highest-score tree-nodes offered as one-step enables
 DIRECT_FISSION_NUMBERS = (2, 4, 8)
 
 
-def _direct_moves(tree) -> Iterator[tuple[str, object]]:
+def _direct_moves(tree) -> Iterator[Mutation]:
     """The highest-score tree-nodes enabled in one move, where Fig. 7's rules need a leaf
     enabled and then lifted level by level. The root of gpt-neo-1.3b's tree (3,556 nodes,
     L = 4) split in 4 gives 0.31 of the peak at 1.04 of the latency; reaching it through leaf
@@ -249,7 +248,7 @@ def _direct_moves(tree) -> Iterator[tuple[str, object]]:
         if not tree.children(i):  # a leaf is the ordinary enable move
             continue
         for n in reversed(direct_fission_numbers(tree, i, DIRECT_FISSION_NUMBERS)):
-            yield f"enable-direct {i}", lambda i=i, n=n: enable_directly(tree, i, n)
+            yield Mutation("enable-direct", i, lambda i=i, n=n: enable_directly(tree, i, n))
 
 
 TWIN_MOVES = 1  # twin groups offered, the densest first
@@ -260,7 +259,7 @@ TWIN_TOLERANCE = 0.05
 TWIN_MIN_SCORE = 0.1
 
 
-def _twin_moves(tree) -> Iterator[tuple[str, object]]:
+def _twin_moves(tree) -> Iterator[Mutation]:
     """Groups of twins (`twin_groups`) each enabled in one move, in about 2, 4 and 8 parts;
     the groups that save the most per node split first (a proxy for the time a split costs:
     Qwen2's loss blocks, 15 nodes saving 2.3 GiB each, before its 2,800-node halves).
@@ -274,7 +273,7 @@ def _twin_moves(tree) -> Iterator[tuple[str, object]]:
     worth = [g for g in groups if tree.nodes[g[0]].score >= TWIN_MIN_SCORE * top]
     for group in worth[:TWIN_MOVES]:
         for n in reversed(direct_fission_numbers(tree, group[0], DIRECT_FISSION_NUMBERS)):
-            yield f"enable-twins {group[0]}", lambda g=group, n=n: _enable_all(tree, g, n)
+            yield Mutation("enable-twins", group[0], lambda g=group, n=n: _enable_all(tree, g, n))
 
 
 def twin_groups(tree) -> list[tuple[int, ...]]:
@@ -330,7 +329,7 @@ def _enable_all(tree, nodes: tuple[int, ...], n: int):
     return tree
 
 
-def _level_moves(tree, kinds: tuple[MutationKind, ...]) -> Iterator[tuple[str, object]]:
+def _level_moves(tree, kinds: tuple[MutationKind, ...]) -> Iterator[Mutation]:
     """Macro moves over repeated layers: enable (or split further) every tree-node of one level
     at once, levels of the highest total score first.
 
@@ -347,8 +346,9 @@ def _level_moves(tree, kinds: tuple[MutationKind, ...]) -> Iterator[tuple[str, o
         ranked = sorted(by_level.items(), key=lambda kv: -sum(tree.nodes[i].score for i in kv[1]))
         for level, nodes in ranked:
             if len(nodes) >= 2:
-                yield (
-                    f"{kind.value}-level {level}",
+                yield Mutation(
+                    f"{kind.value}-level",
+                    level,
                     lambda r=rule, n=tuple(nodes): _apply_all(tree, r, n),
                 )
 

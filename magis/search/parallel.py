@@ -1,7 +1,7 @@
 """A popped state's children evaluated by parallel workers, recorded in the serial order
 (MAGIS Alg. 3, lines 6-12; `SearchOptions.workers`).
 
-The serial search (`_Search.expand`) takes a popped state's moves one by one: build the child,
+The serial search (`SearchCore.expand`) takes a popped state's moves one by one: build the child,
 drop it if its hash was seen, else record it; it stops at the first improvement or after
 `expansion_width` children and puts the state back with the rest of its moves. Here up to
 `workers` moves of the popped state are evaluated at once, each by a worker (a local process,
@@ -24,174 +24,156 @@ half the serial speed. The pool of workers and the states they hold: `magis.sear
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass
 
 from magis.cost import CostModel
 from magis.ir import Graph
+from magis.search.core import ReorderedBest, SearchCore
 from magis.search.initial import INITIAL_SID, SearchStart
-from magis.search.pickling import dumps, loads
+from magis.search.messages import BuildInitial, HotspotKey, Summary
+from magis.search.pickling import dumps
 from magis.search.pool import ParallelChildren, PendingMoves
 from magis.search.state import MState
-from magis.search.workers import (
-    Batch,
-    RayMissingError,
-    Sid,
-    Summary,
-    WorkerError,
-    import_ray,
-    start_local_workers,
-    start_ray_workers,
-)
-
-__all__ = [
-    "Batch",
-    "ParallelChildren",
-    "PendingMoves",
-    "RayMissingError",
-    "WorkerError",
-    "expand",
-    "import_ray",
-    "pool_of",
-    "reanalysed",
-    "record_child",
-    "start_workers",
-    "whole",
-]
+from magis.search.transport import SearchWorkers, start_local_workers, start_ray_workers
 
 
-def start_workers(search_setup: tuple, options, graph: Graph | None = None) -> Any:
+def start_workers(search_setup: tuple, options, graph: Graph | None = None) -> SearchWorkers:
     """The worker processes (or Ray actors) of a search, started before its initial analysis
-    so that they boot meanwhile; `search_setup`: (cost model, options, rules). With `graph`,
-    the first worker builds the search's initial state as soon as it boots (`magis.search.
-    initial`), and keeps it."""
+    so that they boot meanwhile; `search_setup`: (cost model, options, rules, objective).
+    With `graph`, the first worker builds the search's initial state as soon as it boots
+    (`magis.search.initial`), and keeps it."""
     setup = dumps(search_setup)
-    first = None if graph is None else (0, "initial", dumps(graph))
+    first = None if graph is None else (0, BuildInitial(dumps(graph)))
     if options.ray is not None:
-        workers = start_ray_workers(options.workers, setup, options.ray)
+        transport = start_ray_workers(options.workers, setup, options.ray)
         if first is not None:
-            workers.submit(*first)
+            transport.submit(*first)
     else:
-        workers = start_local_workers(options.workers, setup, first)
-    workers.initial_from = None if first is None else first[0]
-    return workers
+        transport = start_local_workers(options.workers, setup, first)
+    return SearchWorkers(transport, None if first is None else first[0])
 
 
-def initial_from_worker(workers: Any, cost: CostModel) -> SearchStart | None:
-    """The initial state the first worker built (`start_workers` with a graph), or None."""
-    wid = None if workers is None else workers.initial_from
-    if wid is None:
-        return None
-    workers.initial_from = None
-    return loads(workers.answer(wid), cost)
+@dataclass
+class ParallelStrategy:
+    """A popped state's children built by the workers, recorded in the serial order
+    (`magis.search.strategy`)."""
 
+    workers: SearchWorkers
+    pool: ParallelChildren | None = None  # over the workers, from the first expansion
+    initial_in_worker: bool = False  # the initial state was built, and is held, by worker 0
 
-def pool_of(search) -> ParallelChildren:
-    """The search's pool over its workers, made on its first expansion."""
-    if search.pool is None:
-        search.pool = ParallelChildren.start(
-            search.workers, search.options.workers, search.evaluator
+    def initial_start(self, cost: CostModel) -> SearchStart | None:
+        """The initial state the first worker built while the caller ran its warm starts."""
+        begun = self.workers.take_initial(cost)
+        self.initial_in_worker = begun is not None
+        return begun
+
+    def pool_for(self, core: SearchCore) -> ParallelChildren:
+        """The pool over the workers, made on the search's first expansion."""
+        if self.pool is None:
+            self.pool = ParallelChildren.start(
+                self.workers.transport, core.options.workers, core.evaluator
+            )
+            if self.initial_in_worker:
+                self.pool.held(INITIAL_SID, core.initial, 0)
+        return self.pool
+
+    def run(self, core: SearchCore) -> None:
+        while core.queue and not core.out_of_budget():
+            self.expand(core, *core.pop())
+
+    def whole(self, core: SearchCore, state: MState | Summary) -> MState:
+        """The state itself: a child the main process holds only the figures of is fetched
+        from its worker."""
+        if isinstance(state, MState):
+            return state
+        return self.pool_for(core).materialize(state)
+
+    def reordered_best(self, core: SearchCore) -> ReorderedBest | None:
+        """The worker's re-ordering of a state that was the best (`ParallelChildren.reorder`),
+        waited for if it is still running, or None if no worker was asked. Ctrl-C waits
+        until it is back (at most the reserve `budget.PolishCost` made for it)."""
+        pool = self.pool
+        if pool is None or pool.reordering is None:
+            return None
+        while True:
+            try:
+                final, won, seconds = pool.reordered()
+                break
+            except KeyboardInterrupt:  # the search is ending anyway: a few seconds more
+                continue
+        core.stats.breakdown["polish_in_worker"] = seconds
+        still_best = pool.reordering.sid == pool.sid_for(core.best)
+        return ReorderedBest(final, won, still_best)
+
+    def close(self) -> None:
+        self.workers.close()
+
+    def expand(self, core: SearchCore, state: MState | Summary, moves: PendingMoves | None) -> None:
+        """`SearchCore.expand` with the children evaluated by the workers: the same records,
+        in the same order, stopping at the same move."""
+        pool = self.pool_for(core)
+        if moves is None:
+            state = self.reanalysed(core, pool, state)
+            moves = PendingMoves(pool.sid_for(state), state.nodes)
+        evaluated = 0
+        width = core.options.expansion_width
+        while True:
+            if core.out_of_budget():
+                return
+            # The first child of a pop often improves (a line of improvements): then the
+            # serial search stops there, and siblings built meanwhile would wait, maybe for
+            # ever. So the workers fan out only once a child of this pop has not improved.
+            spread = evaluated > 0 and pool.worth_spreading(moves, width - evaluated)
+            out = pool.outcome(moves, 1 if evaluated == 0 else pool.n, spread)
+            moves.cursor += 1
+            if out.name is None:  # no more moves: the state is done with
+                pool.release(moves.sid)
+                return
+            child = pool.replay(core.evaluator, out)
+            if child is None:
+                continue
+            evaluated += 1
+            if self.record_child(core, pool, out.name, child) or evaluated >= width:
+                core.push(state, moves)
+                return
+
+    def reanalysed(
+        self, core: SearchCore, pool: ParallelChildren, state: MState | Summary
+    ) -> MState | Summary:
+        """`SearchCore.reanalysed`; for a state a worker holds, the main process decides
+        whether the analysis is due (its record of analyses is the serial search's) and the
+        worker runs it."""
+        if isinstance(state, MState):
+            return core.reanalysed(state)
+        if not core.offers_reanalysis(state):
+            return state
+        reanalysis = core.reanalysis
+        elapsed, left = core.budget.analysis_window()
+        if not reanalysis.affordable(state.nodes, elapsed, left):
+            return state  # without asking the holder, which may be in the middle of a batch
+        key = pool.call_holder(state.sid, HotspotKey(state.sid))
+        if not reanalysis.due(key, state.nodes, elapsed, left):
+            return state
+        found, took = pool.reanalysed_in_worker(
+            state.sid, reanalysis.max_level, reanalysis.epochs + 1
         )
-        if search.initial_in_worker:
-            search.pool.held(INITIAL_SID, search.initial, 0)
-    return search.pool
+        reanalysis.account(found, took, state.nodes)
+        core.stats.breakdown["transform"] += took
+        if not found:
+            return state
+        return core.reanalysed_elsewhere(state)
 
-
-def whole(search, state: MState | Summary) -> MState:
-    """The state itself: a child the main process holds only the figures of is fetched from
-    its worker."""
-    if isinstance(state, MState):
-        return state
-    return pool_of(search).materialize(state)
-
-
-def reordered_in_worker(search) -> tuple[MState, bool, Sid] | None:
-    """The worker's re-ordering of a state that was the best (`ParallelChildren.reorder`),
-    waited for if it is still running: (the better of the state and its re-ordering, whether
-    the re-ordering won, the state's id), or None if no worker was asked. Ctrl-C waits until
-    it is back (at most the reserve `budget.PolishCost` made for it)."""
-    pool = search.pool
-    if pool is None or pool.reordering is None:
-        return None
-    while True:
-        try:
-            final, won, seconds = pool.reordered()
-            break
-        except KeyboardInterrupt:  # the search is ending anyway: a few seconds more
-            continue
-    search.stats.breakdown["polish_in_worker"] = seconds
-    return final, won, pool.reordering.sid
-
-
-def sid_of(search, state: MState | Summary) -> Sid:
-    """The state's id in the search's pool of workers."""
-    return pool_of(search).sid_for(state)
-
-
-def expand(search, state: MState | Summary, moves: PendingMoves | None) -> None:
-    """`_Search.expand` with the children evaluated by `search.options.workers` workers:
-    the same records, in the same order, stopping at the same move."""
-    pool = pool_of(search)
-    if moves is None:
-        state = reanalysed(search, pool, state)
-        moves = PendingMoves(pool.sid_for(state), state.nodes)
-    evaluated = 0
-    while True:
-        if search.out_of_budget():
-            return
-        # The first child of a pop often improves (a line of improvements): then the serial
-        # search stops there, and siblings built meanwhile would wait, maybe for ever. So the
-        # workers fan out only once a child of this pop has not improved.
-        remaining = search.options.expansion_width - evaluated
-        spread = evaluated > 0 and pool.worth_spreading(moves, remaining)
-        out = pool.outcome(moves, 1 if evaluated == 0 else pool.n, spread)
-        moves.cursor += 1
-        if out.name is None:  # no more moves: the state is done with
-            pool.release(moves.sid)
-            return
-        child = pool.replay(search.evaluator, out)
-        if child is None:
-            continue
-        evaluated += 1
-        if (
-            record_child(search, pool, out.name, child)
-            or evaluated >= search.options.expansion_width
-        ):
-            search.queue.push(state, moves)
-            return
-
-
-def reanalysed(search, pool: ParallelChildren, state: MState | Summary) -> MState | Summary:
-    """`_Search.reanalysed`; for a state a worker holds, the main process decides whether the
-    analysis is due (its record of analyses is the serial search's) and the worker runs it."""
-    if isinstance(state, MState):
-        return search.reanalysed(state)
-    if not search.offers_reanalysis(state):
-        return state
-    reanalysis, ev = search.reanalysis, search.evaluator
-    elapsed, left = search.budget.analysis_window()
-    if not reanalysis.affordable(state.nodes, elapsed, left):
-        return state  # without asking the holder, which may be in the middle of a batch
-    key = pool.call_holder(state.sid, "hotspot_key", state.sid)
-    if not reanalysis.due(key, state.nodes, elapsed, left):
-        return state
-    found, took = pool.reanalysed_in_worker(state.sid, reanalysis.max_level, reanalysis.epochs + 1)
-    reanalysis.account(found, took, state.nodes)
-    ev.stats.breakdown["transform"] += took
-    if not found:
-        return state
-    search.best = replace(state, in_lineage=True)
-    return search.best
-
-
-def record_child(search, pool: ParallelChildren, name: str, child: Summary) -> bool:
-    """`_Search.record` on the child's figures: the best too is a `Summary`, its state stays
-    in its worker (pinned there) until the search ends."""
-    improved = search.objective.better(child, search.best)
-    kept = improved or search.ranking.worth_pushing(child, search.best)
-    search.record(name, child)
-    if improved:
-        pool.pin(child.sid)
-    if not kept:
-        pool.release(child.sid)
-    return improved
+    def record_child(
+        self, core: SearchCore, pool: ParallelChildren, name: str, child: Summary
+    ) -> bool:
+        """`SearchCore.record` on the child's figures: the best too is a `Summary`, its state
+        stays in its worker (pinned there) until the search ends."""
+        improved = core.objective.better(child, core.best)
+        kept = improved or core.ranking.worth_pushing(child, core.best)
+        core.record(name, child)
+        if improved:
+            pool.pin(child.sid)
+        if not kept:
+            pool.release(child.sid)
+        return improved

@@ -12,9 +12,20 @@ from typing import Any
 from magis.cost import CostModel
 from magis.errors import deferred_interrupt
 from magis.search.evaluator import Evaluator
+from magis.search.messages import (
+    Batch,
+    FetchState,
+    Outcome,
+    Reanalyse,
+    ReorderBest,
+    Sid,
+    Summary,
+    Task,
+    WorkerCall,
+)
 from magis.search.pickling import dumps, loads
 from magis.search.state import MState
-from magis.search.workers import Batch, Outcome, Sid, Summary, Task, WorkerError
+from magis.search.transport import LocalWorkers, RayWorkers, WorkerError
 
 
 @dataclass
@@ -87,7 +98,7 @@ class _Reordering:
 class ParallelChildren:
     """The workers of one search, the states they hold, what they know of the seen hashes."""
 
-    transport: Any  # start_local_workers(...) or start_ray_workers(...)
+    transport: LocalWorkers | RayWorkers
     n: int
     seen_log: list[int]
     tree_log: list
@@ -104,7 +115,7 @@ class ParallelChildren:
     reordering: _Reordering | None = None
 
     @staticmethod
-    def start(transport: Any, n: int, ev: Evaluator) -> ParallelChildren:
+    def start(transport: LocalWorkers | RayWorkers, n: int, ev: Evaluator) -> ParallelChildren:
         """The pool of started workers, which know the seen hashes as of now."""
         return ParallelChildren(
             transport, n, list(ev.seen), list(ev.seen_trees), [(0, 0)] * n,
@@ -168,7 +179,7 @@ class ParallelChildren:
             if holder is None:
                 entry.blob = dumps(entry.state, cost=self.cost)
             else:
-                entry.blob = self._call(holder, "state", sid)
+                entry.blob = self._call(holder, FetchState(sid))
             self.transfer.observe_dump(time.perf_counter() - start, nodes)
         return entry.blob
 
@@ -201,7 +212,7 @@ class ParallelChildren:
         if r is None or r.answer is not None or r.wid in self.busy:
             return  # none asked, answered, or its worker is busy (with it, or with a batch)
         with deferred_interrupt():
-            self.transport.submit(r.wid, "reorder", r.sid)
+            self.transport.submit(r.wid, ReorderBest(r.sid))
             self.busy[r.wid] = _REORDER
 
     def wait_for_reordering(self) -> None:
@@ -220,16 +231,16 @@ class ParallelChildren:
         entry = self.entries.get(sid)
         return set() if entry is None else entry.holders
 
-    def call_holder(self, sid: Sid, method: str, arg: Any) -> Any:
+    def call_holder(self, sid: Sid, call: WorkerCall) -> Any:
         """Call a worker that holds state `sid`."""
-        return self._call(min(self.entries[sid].holders), method, arg)
+        return self._call(min(self.entries[sid].holders), call)
 
     def reanalysed_in_worker(self, sid: Sid, max_level: int, epoch: int) -> tuple[bool, float]:
         """Re-analyse state `sid` where it lives: (a lineage was found, seconds). The other
         workers' copies, if any, are now stale: they are dropped."""
         entry = self.entries[sid]
         holder = min(entry.holders)
-        found, took = self._call(holder, "reanalyse", (sid, max_level, epoch))
+        found, took = self._call(holder, Reanalyse(sid, max_level, epoch))
         if found:
             for w in entry.holders - {holder}:
                 self.drops[w].append(sid)
@@ -296,7 +307,7 @@ class ParallelChildren:
         self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
         self.drops[wid] = []
         with deferred_interrupt():
-            self.transport.submit(wid, "evaluate", task)
+            self.transport.submit(wid, task)
             self.busy[wid] = (moves, index)
 
     def collect(self) -> tuple[int, Any]:
@@ -322,12 +333,12 @@ class ParallelChildren:
         if out.name is None:
             moves.end = out.index if moves.end is None else min(moves.end, out.index)
 
-    def _call(self, wid: int, method: str, arg: Any) -> Any:
+    def _call(self, wid: int, call: WorkerCall) -> Any:
         """Call one worker and wait for its answer (others' outcomes are kept meanwhile)."""
         while wid in self.busy:
             self.collect()
         with deferred_interrupt():
-            self.transport.submit(wid, method, arg)
+            self.transport.submit(wid, call)
             self.busy[wid] = _SYNC
         while True:
             who, value = self.collect()

@@ -21,7 +21,7 @@ from magis.bench.parallel import (
     make_runner,
     run_cells,
 )
-from magis.search.workers import RayMissingError
+from magis.search.transport import RayMissingError
 
 TINY = "bert-base:tiny"
 BASELINES = ("pytorch", "xla-remat")

@@ -273,9 +273,9 @@ def test_ctrl_c_in_another_command_exits_130_with_a_word(capsys, monkeypatch):
 
 
 def test_ctrl_c_during_the_search_keeps_the_best_plan(capsys, monkeypatch, tmp_path):
-    from magis.search.optimizer import _Search
+    from magis.search.core import SearchCore
 
-    real_expand, calls = _Search.expand, []
+    real_expand, calls = SearchCore.expand, []
 
     def expand(self, *args):
         calls.append(1)
@@ -283,7 +283,7 @@ def test_ctrl_c_during_the_search_keeps_the_best_plan(capsys, monkeypatch, tmp_p
             raise KeyboardInterrupt
         return real_expand(self, *args)
 
-    monkeypatch.setattr(_Search, "expand", expand)
+    monkeypatch.setattr(SearchCore, "expand", expand)
     plan, report = tmp_path / "p.json", tmp_path / "o.json"
     code, _, err = invoke(
         capsys, "optimize", "bert-base:tiny", "--mem-limit", "0.6", "--time-budget", "600",
@@ -364,14 +364,14 @@ def polish(self, state):
     say("POLISHING")
     time.sleep(float(sys.argv[1]))
     return real_polish(self, state)
-from magis.search.optimizer import _Search
-real_expand, expanded = _Search.expand, []
+from magis.search.core import SearchCore
+real_expand, expanded = SearchCore.expand, []
 def expand(self, *a):
     if not expanded:
         expanded.append(say("EXPANDING"))
     return real_expand(self, *a)
 command.workload_step, command.optimize_graph, Evaluator.polish = capture, search, polish
-_Search.expand = expand
+SearchCore.expand = expand
 from magis.cli import main
 main(sys.argv[2:])
 """

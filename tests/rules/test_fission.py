@@ -192,8 +192,7 @@ def test_fig6_ftree_with_five_levels():
 def _kinds(tree: FTree) -> dict[MutationKind, list[int]]:
     out: dict[MutationKind, list[int]] = {k: [] for k in MutationKind}
     for c in mutations(tree):
-        kind, idx = c.description.split()
-        out[MutationKind(kind)].append(int(idx))
+        out[MutationKind(c.kind)].append(c.target)
     return out
 
 

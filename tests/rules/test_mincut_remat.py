@@ -93,7 +93,7 @@ def test_the_cut_after_fission_leaves_the_frozen_regions_alone_and_matches_eager
     _, step = workload_step("bert-base:tiny", dtype=torch.float64)
     state = initial_state(step.graph, COST)
     lineage = state.fission
-    _, build = next(iter(fission_moves.moves(lineage.tree)))
+    build = next(iter(fission_moves.moves(lineage.tree))).build
     done = fission_moves.apply(lineage, build())
     assert done.frozen
     result, new_order, _, _ = _apply(done.graph, done.order, done.frozen)

@@ -76,17 +76,19 @@ def test_a_worker_reanalyses_the_state_it_holds_as_the_main_process_would():
     main process hands it."""
     from magis.search import initial_state
     from magis.search.fission_moves import Reanalysis, hotspot_key
-    from magis.search.workers import ChildWorker, Task, dumps
+    from magis.search.messages import HotspotKey, Reanalyse, Task
+    from magis.search.pickling import dumps
+    from magis.search.workers import ChildWorker
 
     graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
     state = initial_state(graph, cost, fission=False)
     options = SearchOptions(time_budget=600, max_states=MAX_STATES)
     objective = Objective(Mode.LATENCY_LIMIT, 1.1 * state.latency)
     worker = ChildWorker(0, dumps((cost, options, (), objective)))
-    worker.evaluate(Task((-1, 1), 0, dumps(state), (), (), ()))  # it now holds the state
-    assert worker.hotspot_key((-1, 1)) == hotspot_key(state.sim.hotspots)
+    worker.handle(Task((-1, 1), 0, dumps(state), (), (), ()))  # it now holds the state
+    assert worker.handle(HotspotKey((-1, 1))) == hotspot_key(state.sim.hotspots)
 
-    found, seconds = worker.reanalyse(((-1, 1), 4, 7))
+    found, seconds = worker.handle(Reanalyse((-1, 1), 4, 7))
     serial = Reanalysis(4, 0.0).lineage(
         state.graph, state.order, state.sim.hotspots, state.frozen, elapsed=1e9
     )
@@ -181,9 +183,11 @@ def test_the_best_is_reordered_in_its_worker_while_the_search_goes_on(monkeypatc
     re-ordering is made to look costly, so that its reserve is a quarter of the budget). What
     the worker returns is what the main process makes of that state: the better of the state
     and its re-ordering, simulated in detail; the plan is the better of it and any later best."""
-    from magis.search import parallel, start_search_workers
+    from magis.search import pool as pool_module
+    from magis.search import start_search_workers
     from magis.search.budget import PolishCost
     from magis.search.evaluator import Evaluator
+    from magis.search.messages import FetchState
     from magis.search.pickling import loads
 
     graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
@@ -193,19 +197,21 @@ def test_the_best_is_reordered_in_its_worker_while_the_search_goes_on(monkeypatc
     monkeypatch.setattr(PolishCost, "estimate", lambda self, nodes: 2.0)
     asked = []  # (pool, the state re-ordered, states recorded when it was asked for)
     answers = []
-    reorder, reordered = parallel.ParallelChildren.reorder, parallel.ParallelChildren.reordered
+    children = pool_module.ParallelChildren
+    reorder, reordered = children.reorder, children.reordered
 
     def asking(pool, sid, wid):
         assert wid in pool.holders(sid)
-        asked.append((pool, loads(pool.call_holder(sid, "state", sid), cost), len(pool.seen_log)))
+        state = loads(pool.call_holder(sid, FetchState(sid)), cost)
+        asked.append((pool, state, len(pool.seen_log)))
         return reorder(pool, sid, wid)
 
     def answering(pool):
         answers.append(reordered(pool))
         return answers[-1]
 
-    monkeypatch.setattr(parallel.ParallelChildren, "reorder", asking)
-    monkeypatch.setattr(parallel.ParallelChildren, "reordered", answering)
+    monkeypatch.setattr(children, "reorder", asking)
+    monkeypatch.setattr(children, "reordered", answering)
     workers = _booted(start_search_workers(cost, options, objective))
     result = optimize_graph(graph, cost, objective, options, workers=workers)
     [(pool, state, recorded)], [(final, won, _)] = asked, answers
@@ -226,7 +232,8 @@ def test_the_first_worker_builds_the_initial_state_the_main_process_would(monkey
     main process does other work (the warm starts): the same schedule, simulation, hash and
     F-Tree as the main process builds. A search on those workers starts from the state that
     worker holds: its first pop goes to that worker, without the state's bytes."""
-    from magis.search import parallel, start_search_workers
+    from magis.search import pool as pool_module
+    from magis.search import start_search_workers
     from magis.search.initial import INITIAL_SID, search_start
 
     graph, cost = _graph("bert-base:tiny"), get_cost_model("rtx3090")
@@ -235,8 +242,8 @@ def test_the_first_worker_builds_the_initial_state_the_main_process_would(monkey
     options = SearchOptions(time_budget=8, workers=2)
     workers = start_search_workers(cost, options, objective, graph)
     try:
-        built = parallel.initial_from_worker(workers, cost).state
-        assert parallel.initial_from_worker(workers, cost) is None  # one answer, taken once
+        built = workers.take_initial(cost).state
+        assert workers.take_initial(cost) is None  # one answer, taken once
     finally:
         workers.close()
     here = search_start(graph, cost, options).state
@@ -247,13 +254,13 @@ def test_the_first_worker_builds_the_initial_state_the_main_process_would(monkey
     ]
 
     submitted = []  # (state, whether the worker it went to held it)
-    submit = parallel.ParallelChildren.submit
+    submit = pool_module.ParallelChildren.submit
 
     def recording(pool, wid, moves, index, batch=None):
         submitted.append((moves.sid, wid in pool.entries[moves.sid].holders))
         return submit(pool, wid, moves, index, batch)
 
-    monkeypatch.setattr(parallel.ParallelChildren, "submit", recording)
+    monkeypatch.setattr(pool_module.ParallelChildren, "submit", recording)
     workers = start_search_workers(cost, options, objective, graph)
     result = optimize_graph(graph, cost, objective, options, workers=workers)
     assert result.stats.states_explored > 10

@@ -179,13 +179,13 @@ def test_continued_fission_materialization_hashes_like_a_fresh_one():
 
     _, step = workload_step("bert-base:tiny")
     base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
-    _, build = next((d, b) for d, b in fission_moves.moves(tree) if d.split()[0] == "enable")
+    build = next(m.build for m in fission_moves.moves(tree) if m.kind == "enable")
     parent_tree = build()
     lineage = fission_moves.Lineage(base, base_order, parent_tree, epoch=0)
     parent = fission_moves.apply(lineage, parent_tree)
     parent_hash = wl_hash(parent.graph)
     continued = 0
-    for _, build in fission_moves.moves(parent_tree):
+    for build in (m.build for m in fission_moves.moves(parent_tree)):
         child_tree = build()
         try:
             done = fission_moves.apply(
@@ -216,7 +216,7 @@ def test_labels_levelled_up_as_arrays_are_the_node_by_node_ones(workload, monkey
     base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
     lineage = fission_moves.Lineage(base, base_order, tree, 0)
     moves = itertools.islice(fission_moves.moves(tree), 8)
-    splits = [fission_moves.apply(lineage, build()) for _, build in moves]
+    splits = [fission_moves.apply(lineage, m.build()) for m in moves]
     done = max(splits, key=lambda d: len(d.materialized.touched))
     mat = done.materialized
     assert len(mat.touched) >= hashing.ARRAY_FRONTIER  # the split's frontier goes as arrays
@@ -266,7 +266,9 @@ def test_level_moves_split_every_layer_at_once_and_verify():
 
     _, step = workload_step("bert-base:tiny", dtype=torch.float64)
     base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
-    level_moves = [(d, b) for d, b in fission_moves.moves(tree) if "-level" in d.split()[0]]
+    level_moves = [
+        (m.description, m.build) for m in fission_moves.moves(tree) if "-level" in m.kind
+    ]
     assert level_moves, "no level-wide move on a two-layer transformer"
     description, build = level_moves[0]
     new_tree = build()
@@ -285,7 +287,9 @@ def test_direct_moves_enable_an_inner_tree_node_at_once_and_verify():
 
     _, step = workload_step("gpt-neo-1.3b:tiny", dtype=torch.float64)
     base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
-    direct = [(d, b) for d, b in fission_moves.moves(tree) if d.startswith("enable-direct")]
+    direct = [
+        (m.description, m.build) for m in fission_moves.moves(tree) if m.kind == "enable-direct"
+    ]
     assert direct, "no inner tree-node offered"
     description, build = direct[0]
     new_tree = build()
@@ -311,14 +315,14 @@ def test_when_time_is_wanted_fewer_parts_come_first_and_verify():
         i for i in fission_moves.directly_enableable(tree) if tree.nodes[i].length % 4 == 0
     )
     split4 = enable_directly(tree, index, 4)
-    description, build = next(fission_moves.moves(split4, wants_memory=False))
-    assert description.split()[0].startswith("coarsen"), description
-    coarser = build()
+    first = next(fission_moves.moves(split4, wants_memory=False))
+    assert first.kind.startswith("coarsen"), first.description
+    coarser = first.build()
     assert coarser.nodes[index].n == 2 and coarser.enabled() == [index]
     done = fission_moves.apply(fission_moves.Lineage(base, base_order, coarser, epoch=0), coarser)
     check = verify(step, compile_program(done.graph, done.order), step.make_inputs())
     assert check.verified, f"{check.worst} differs by {check.max_rel_err:.2e}"
-    kinds = [d.split()[0] for d, _ in fission_moves.moves(split4, wants_memory=True)]
+    kinds = [m.kind for m in fission_moves.moves(split4, wants_memory=True)]
     assert set(kinds[kinds.index("coarsen") :]) == {"coarsen"}, kinds
 
 

@@ -92,17 +92,8 @@ from magis.backend.meta_check import MetaChecker  # noqa: E402
 from magis.capture import workload_step  # noqa: E402
 from magis.cost import get_cost_model  # noqa: E402
 from magis.ir import StorageMap  # noqa: E402
-from magis.rules import (  # noqa: E402
-    COMPACT,
-    DECOMPACT,
-    DEREMAT,
-    DESWAP,
-    REMAT,
-    SWAP,
-    TASO_RULES,
-    RuleContext,
-    candidates,
-)
+from magis.rules import RuleContext, candidates, fuzzed_rules  # noqa: E402
+from magis.rules.catalog import FIRST_FUZZ_ROUND  # noqa: E402
 from magis.schedule.random_graphs import random_topological_order  # noqa: E402
 from magis.schedule.swaps import time_swaps  # noqa: E402
 from magis.search.reschedule import reschedule  # noqa: E402
@@ -110,7 +101,8 @@ from magis.sim import derive_facts, node_times, tables  # noqa: E402
 from magis.sim.simulator import two_stream_makespan  # noqa: E402
 from magis.sim.tables import _build  # noqa: E402
 
-RULES = [*TASO_RULES, REMAT, DEREMAT, SWAP, DESWAP, COMPACT, DECOMPACT]
+# every rule the fuzzer drew from its first round (the catalog's, `fuzzed_rules`)
+RULES = fuzzed_rules(FIRST_FUZZ_ROUND)
 
 
 def _pairs(t) -> list[tuple[int, int]]:
