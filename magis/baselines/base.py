@@ -59,13 +59,29 @@ Outcome = BaselinePoint | Failure
 
 
 @dataclass(frozen=True)
+class Target:
+    """One constraint a method can solve for directly: least latency within `memory_bytes`, or
+    least memory within `latency_s` (exactly one is set)."""
+
+    memory_bytes: int | None = None
+    latency_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.memory_bytes is None) == (self.latency_s is None):
+            raise ValueError("a Target sets exactly one of memory_bytes and latency_s")
+
+
+@dataclass(frozen=True)
 class Baseline:
     """A method by name: `points(graph, cost)` yields its Pareto candidates (lazily, since some
-    are expensive), each a `BaselinePoint` or a `Failure`."""
+    are expensive), each a `BaselinePoint` or a `Failure`. A method that solves for one
+    constraint (an exact model) also has `solve(graph, cost, target, seconds)`, which the
+    search's warm starts call with the search's own constraint and the time they can spare."""
 
     name: str
     description: str
     points: Callable[[Graph, CostModel], Iterable[Outcome]]
+    solve: Callable[[Graph, CostModel, Target, float], Outcome] | None = None
 
 
 def point(
