@@ -76,12 +76,13 @@ class Baseline:
     """A method by name: `points(graph, cost)` yields its Pareto candidates (lazily, since some
     are expensive), each a `BaselinePoint` or a `Failure`. A method that solves for one
     constraint (an exact model) also has `solve(graph, cost, target, seconds)`, which the
-    search's warm starts call with the search's own constraint and the time they can spare."""
+    search's warm starts call with the search's own constraint and the seconds they can spare
+    (None: no clock; the method must then give the same plan on every run)."""
 
     name: str
     description: str
     points: Callable[[Graph, CostModel], Iterable[Outcome]]
-    solve: Callable[[Graph, CostModel, Target, float], Outcome] | None = None
+    solve: Callable[[Graph, CostModel, Target, float | None], Outcome] | None = None
 
 
 def point(
@@ -100,11 +101,11 @@ def best_under_memory(outcomes: Iterable[Outcome], limit_bytes: int, method: str
     if fits:
         return min(fits, key=lambda p: (p.latency, p.memory))
     least = min((p.memory for p in pts), default=None)
-    why = "no point" if least is None else f"least memory reached {_size(least)}"
-    return Failure(method, f"no setting fits {_size(limit_bytes)} ({why})")
+    why = "no point" if least is None else f"least memory reached {size_text(least)}"
+    return Failure(method, f"no setting fits {size_text(limit_bytes)} ({why})")
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
     """Bytes in the largest binary unit that keeps the figure at 1 or more (tiny workloads
     have kilobyte peaks)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -38,7 +38,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from magis.baselines.base import Baseline, BaselinePoint, Failure, Outcome, Target, point
+from magis.baselines.base import (
+    Baseline,
+    BaselinePoint,
+    Failure,
+    Outcome,
+    Target,
+    point,
+    size_text,
+)
 from magis.baselines.ilp_build import build
 from magis.baselines.ilp_model import Choice, Model, Status
 from magis.baselines.ilp_problem import (
@@ -54,6 +62,7 @@ from magis.ir import Graph
 from magis.sim import SimResult, simulate
 
 METHOD = "ilp"
+UNBOUNDED_LATENCY = 100.0  # a latency limit no plan reaches (x the program order's)
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ class ILPOptions:
     budgets: tuple[float, ...] = (0.25, 0.4, 0.6, 0.8)
     latency_limits: tuple[float, ...] = (1.02, 1.05, 1.10, 1.25)
     time_limit: float = 20.0
-    workers: int = 2  # CP-SAT's search workers
+    workers: int = 2  # CP-SAT's search workers; 0: one, on deterministic time (reproducible)
     retries: int = 3
     problem: ProblemOptions = field(default_factory=ProblemOptions)
 
@@ -130,7 +139,8 @@ class Planner:
         target, deadline = limit, time.perf_counter() + seconds
         found = choice = None
         for attempt in range(self.options.retries + 1):
-            left = max(deadline - time.perf_counter(), 0.1)
+            # deterministic time is not wall time: each try gets all of it
+            left = seconds if self.options.workers <= 0 else deadline - time.perf_counter()
             if memory:
                 choice = self.model().least_time(int(target), left, self.options.workers, hint)
             else:
@@ -147,13 +157,12 @@ class Planner:
         return self._failure(choice, limit, memory, found, params), None
 
     def _failure(self, choice, limit, memory: bool, found, params) -> Failure:
-        what = f"{limit / 2**30:.3f} GiB" if memory else f"{limit * 1e3:.2f} ms"
+        what = size_text(limit) if memory else f"{limit * 1e3:.2f} ms"
         if found is None:
             why = f"the model has no plan within {what} (solver: {choice.status.value})"
         else:
-            got = found.memory / 2**30 if memory else found.latency * 1e3
-            unit = "GiB" if memory else "ms"
-            why = f"its plan simulates at {got:.3f} {unit}, over {what}"
+            got = size_text(found.memory) if memory else f"{found.latency * 1e3:.2f} ms"
+            why = f"its plan simulates at {got}, over {what} (then solver: {choice.status.value})"
         return Failure(METHOD, why, {**params, "status": choice.status.value})
 
 
@@ -206,16 +215,24 @@ def prior_ratio(p: BaselinePoint) -> float:
     return p.params.get("plan_of", p.params.get("budget", p.params.get("latency_limit")))
 
 
-def ilp_solve(graph: Graph, cost: CostModel, target: Target, seconds: float) -> Outcome:
-    """The plan for one constraint (the search's warm start), within `seconds` in all."""
-    opts = ILPOptions(time_limit=seconds)
-    planner = Planner(graph, cost, opts)
-    start = time.perf_counter()
-    _ = planner.stages  # the candidates and stages count against the time too
-    left = max(seconds - (time.perf_counter() - start), 0.5)
-    if target.memory_bytes is not None:
-        return planner.for_memory(target.memory_bytes, left, mode="memory")[0]
-    return planner.for_latency(target.latency_s, left, mode="latency")[0]
+def ilp_solve(graph: Graph, cost: CostModel, target: Target, seconds: float | None) -> Outcome:
+    """The plan for one constraint (the search's warm start), within `seconds` in all; None:
+    the default time limit, on CP-SAT's deterministic clock (the same plan on every run)."""
+    if seconds is None:
+        planner = Planner(graph, cost, ILPOptions(workers=0))
+        left = planner.options.time_limit
+    else:
+        start = time.perf_counter()
+        planner = Planner(graph, cost, ILPOptions(time_limit=seconds))
+        _ = planner.stages  # the candidates and stages count against the time too
+        left = max(seconds - (time.perf_counter() - start), 0.5)
+    if target.memory_bytes is None:
+        return planner.for_latency(target.latency_s, left, mode="latency")[0]
+    found = planner.for_memory(target.memory_bytes, left, mode="memory")[0]
+    if isinstance(found, Failure):  # no plan fits: the nearest is the least memory
+        unbounded = UNBOUNDED_LATENCY * planner.base.latency_s
+        return planner.for_latency(unbounded, left, mode="latency")[0]
+    return found
 
 
 ILP = Baseline(

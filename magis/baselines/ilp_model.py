@@ -196,57 +196,77 @@ class Model:
     def least_time(
         self, budget: int, seconds: float, workers: int, hint: Choice | None = None
     ) -> Choice:
-        """The fastest decisions whose memory fits `budget` bytes at every stage."""
+        """The fastest decisions whose memory fits `budget` bytes at every stage, the least
+        peak among them. `workers` 0: one worker and `seconds` of CP-SAT's deterministic time
+        (the same answer on every run), else that many workers for `seconds` of wall time."""
         limit = self.units.down(budget)
         for k in range(self.stages.n):
             if self._mem_max(k) > limit:
                 self.m.Add(self.mem_expr(k) <= limit)
-        self.m.Minimize(self.extra_time)
-        return self._solve(seconds, workers, hint, self._time_value)
+        lexicographic = (self.extra_time, self._peak())
+        return self._solve(lexicographic, seconds, workers, hint, self._time_value)
 
     def least_memory(
         self, limit_s: float, seconds: float, workers: int, hint: Choice | None = None
     ) -> Choice:
-        """The decisions of least peak whose time is within `limit_s` seconds."""
+        """The decisions of least peak whose time is within `limit_s` seconds, the fastest
+        among them (`workers`: as `least_time`'s)."""
         self.m.Add(self.base_time + self.extra_time <= self.units.t(limit_s))
+        lexicographic = (self._peak(), self.extra_time)
+        return self._solve(lexicographic, seconds, workers, hint, lambda v: v * self.units.nbytes)
+
+    def _peak(self) -> cp_model.IntVar:
         top = max(self._mem_max(k) for k in range(self.stages.n))
         peak = self.m.NewIntVar(0, top, "peak")
         for k in range(self.stages.n):
-            if self.mem_terms[k]:
-                self.m.Add(peak >= self.mem_expr(k))
-            else:
-                self.m.Add(peak >= self.mem_floor[k])
-        self.m.Minimize(peak)
-        return self._solve(seconds, workers, hint, lambda v: v * self.units.nbytes)
+            self.m.Add(peak >= self.mem_expr(k))
+        return peak
 
     def _time_value(self, v: float) -> float:
         return (self.base_time + v) * self.units.seconds
 
-    def _solve(self, seconds: float, workers: int, hint: Choice | None, value) -> Choice:
+    def _solve(self, objectives, seconds: float, workers: int, hint, value) -> Choice:
+        """Minimize the first objective, then the second with the first held at its value
+        (a quarter of the time); the status, value and bound are the first's."""
         if hint is not None:
             self._hint(hint)
+        first, second = objectives
+        self.m.Minimize(first)
+        solver, status = self._run(0.75 * seconds, workers)
+        if status not in (Status.OPTIMAL, Status.FEASIBLE):
+            return Choice((), (), status, float("nan"), float("nan"), solver.WallTime())
+        found = self._decisions(solver)
+        spent = solver.WallTime()
+        reached = (value(solver.ObjectiveValue()), value(solver.BestObjectiveBound()))
+        self.m.Add(first <= round(solver.ObjectiveValue()))
+        self.m.Minimize(second)
+        self.m.ClearHints()
+        self._hint(Choice(*found, status, 0.0, 0.0, 0.0))
+        again, tie_status = self._run(0.25 * seconds, workers)
+        if tie_status in (Status.OPTIMAL, Status.FEASIBLE):
+            found = self._decisions(again)
+        return Choice(*found, status, *reached, spent + again.WallTime())
+
+    def _run(self, seconds: float, workers: int) -> tuple[cp_model.CpSolver, Status]:
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(seconds, 0.1)
-        solver.parameters.num_workers = max(1, workers)
+        if workers <= 0:
+            solver.parameters.max_deterministic_time = max(seconds, 0.1)
+            solver.parameters.num_workers = 1
+        else:
+            solver.parameters.max_time_in_seconds = max(seconds, 0.1)
+            solver.parameters.num_workers = workers
         solver.parameters.random_seed = 0
         code = solver.Solve(self.m)
-        status = {
+        return solver, {
             cp_model.OPTIMAL: Status.OPTIMAL,
             cp_model.FEASIBLE: Status.FEASIBLE,
             cp_model.INFEASIBLE: Status.INFEASIBLE,
         }.get(code, Status.UNKNOWN)
-        if status not in (Status.OPTIMAL, Status.FEASIBLE):
-            return Choice((), (), status, float("nan"), float("nan"), solver.WallTime())
+
+    def _decisions(self, solver: cp_model.CpSolver) -> tuple[tuple[int, ...], tuple[int, ...]]:
         rec = tuple(i for i, v in sorted(self.rec.items()) if solver.Value(v))
         off = tuple(i for i, v in sorted(self.off.items()) if solver.Value(v))
-        return Choice(
-            rec,
-            off,
-            status,
-            value(solver.ObjectiveValue()),
-            value(solver.BestObjectiveBound()),
-            solver.WallTime(),
-        )
+        return rec, off
 
     def _hint(self, hint: Choice) -> None:
         rec, off = set(hint.recompute), set(hint.offload)
