@@ -129,3 +129,24 @@ def dataclasses_replace_problem(cands: int, stages: int):
     from magis.baselines.ilp_problem import ProblemOptions
 
     return ProblemOptions(max_candidates=cands, max_stages=stages)
+
+
+def test_bench_compare_reports_the_gap_per_cell(tmp_path):
+    """`magis bench compare` with the ilp peer: each of its cells carries the solver's gap,
+    in the JSON's params and in tables.md."""
+    import json
+
+    from magis.bench.compare import run_compare
+    from magis.bench.compare_report import CompareOptions, MicrobatchScope
+
+    options = CompareOptions(
+        workloads=("resnet50:tiny",),
+        methods=("pytorch", "ilp"),
+        out=tmp_path,
+        microbatch=MicrobatchScope.NONE,
+    )
+    run_compare(options)
+    rows = json.loads((tmp_path / "results.json").read_text())["workloads"][0]["rows"]
+    ilp = [r for r in rows if r["method"] == "ilp" and r["status"] == "ok"]
+    assert ilp and all("gap" in r["params"] and "bound" in r["params"] for r in ilp)
+    assert "(gap " in (tmp_path / "tables.md").read_text()
