@@ -174,7 +174,6 @@ def ilp_points(
     opts = planner.options
     base = planner.base
     yield from _sweep(
-        planner,
         sorted(opts.budgets),
         lambda r, hint: planner.for_memory(
             int(r * base.peak_bytes), opts.time_limit, hint, mode="memory", budget=r
@@ -182,7 +181,6 @@ def ilp_points(
         lambda p: (p.latency, p.memory),
     )
     yield from _sweep(
-        planner,
         sorted(opts.latency_limits),
         lambda r, hint: planner.for_latency(
             r * base.latency_s, opts.time_limit, hint, mode="latency", latency_limit=r
@@ -191,7 +189,7 @@ def ilp_points(
     )
 
 
-def _sweep(planner: Planner, ratios: Sequence[float], solve, better) -> Iterator[Outcome]:
+def _sweep(ratios: Sequence[float], solve, better) -> Iterator[Outcome]:
     """Each ratio's point, tightest first; a tighter one's plan stands in where it is better
     (it meets the looser limit too), and hints the next solve."""
     prior: BaselinePoint | None = None
@@ -200,8 +198,9 @@ def _sweep(planner: Planner, ratios: Sequence[float], solve, better) -> Iterator
         found, choice = solve(r, hint)
         hint = choice or hint
         if prior is not None and (isinstance(found, Failure) or better(prior) < better(found)):
-            extra = found.params if isinstance(found, Failure) else found.params
-            keep = {k: extra[k] for k in ("mode", "budget", "latency_limit") if k in extra}
+            keep = {
+                k: v for k, v in found.params.items() if k in ("mode", "budget", "latency_limit")
+            }
             found = dataclasses.replace(
                 prior, params={**prior.params, **keep, "plan_of": prior_ratio(prior)}
             )

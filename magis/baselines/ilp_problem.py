@@ -124,6 +124,8 @@ def _written(graph: Graph, pos: dict[int, int]) -> dict[Ref, int]:
 
 @dataclass(frozen=True)
 class ProblemOptions:
+    """How large the model may grow (module docstring: why candidates and stages are few)."""
+
     max_candidates: int = 300
     max_stages: int = 120
     min_gap: int = 3  # positions between the early and the late reads
