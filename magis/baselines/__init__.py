@@ -14,6 +14,7 @@ from magis.baselines.base import (
     BaselinePoint,
     Failure,
     Outcome,
+    Target,
     best_under_latency,
     best_under_memory,
     pareto_front,
@@ -32,6 +33,7 @@ _REGISTRY = {
     "dtr": "magis.baselines.dtr:DTR",
     "xla-remat": "magis.baselines.xla:XLA_REMAT",
     "pofo": "magis.baselines.pofo:POFO",
+    "ilp": "magis.baselines.ilp:ILP",
 }
 
 
@@ -57,6 +59,7 @@ __all__ = [
     "BaselinePoint",
     "Failure",
     "Outcome",
+    "Target",
     "UnknownBaselineError",
     "baseline_names",
     "best_under_latency",

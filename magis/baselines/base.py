@@ -59,13 +59,30 @@ Outcome = BaselinePoint | Failure
 
 
 @dataclass(frozen=True)
+class Target:
+    """One constraint a method can solve for directly: least latency within `memory_bytes`, or
+    least memory within `latency_s` (exactly one is set)."""
+
+    memory_bytes: int | None = None
+    latency_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.memory_bytes is None) == (self.latency_s is None):
+            raise ValueError("a Target sets exactly one of memory_bytes and latency_s")
+
+
+@dataclass(frozen=True)
 class Baseline:
     """A method by name: `points(graph, cost)` yields its Pareto candidates (lazily, since some
-    are expensive), each a `BaselinePoint` or a `Failure`."""
+    are expensive), each a `BaselinePoint` or a `Failure`. A method that solves for one
+    constraint (an exact model) also has `solve(graph, cost, target, seconds)`, which the
+    search's warm starts call with the search's own constraint and the seconds they can spare
+    (None: no clock; the method must then give the same plan on every run)."""
 
     name: str
     description: str
     points: Callable[[Graph, CostModel], Iterable[Outcome]]
+    solve: Callable[[Graph, CostModel, Target, float | None], Outcome] | None = None
 
 
 def point(
@@ -84,11 +101,11 @@ def best_under_memory(outcomes: Iterable[Outcome], limit_bytes: int, method: str
     if fits:
         return min(fits, key=lambda p: (p.latency, p.memory))
     least = min((p.memory for p in pts), default=None)
-    why = "no point" if least is None else f"least memory reached {_size(least)}"
-    return Failure(method, f"no setting fits {_size(limit_bytes)} ({why})")
+    why = "no point" if least is None else f"least memory reached {size_text(least)}"
+    return Failure(method, f"no setting fits {size_text(limit_bytes)} ({why})")
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
     """Bytes in the largest binary unit that keeps the figure at 1 or more (tiny workloads
     have kilobyte peaks)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -186,8 +186,16 @@ def _cell(row: Row | None, c: Constraint) -> str:
     if not row.satisfied:
         return "FAILURE"
     if c.mode is Mode.LATENCY_LIMIT:
-        return f"{row.memory_ratio:.3f}"
-    return f"{(row.latency_ratio - 1) * 100:+.1f}%"
+        text = f"{row.memory_ratio:.3f}"
+    else:
+        text = f"{(row.latency_ratio - 1) * 100:+.1f}%"
+    return text + _gap(row)
+
+
+def _gap(row: Row) -> str:
+    """The gap an exact method's solver proved for the plan (`ilp`), where it has one."""
+    gap = row.params.get("gap")
+    return "" if gap is None else f" (gap {gap:.1%})"
 
 
 def tables_markdown(report: CompareReport) -> str:

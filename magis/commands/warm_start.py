@@ -10,7 +10,10 @@ state, keeps it when nothing better is found, and applies its rules to it.
 
 Baselines run cheapest first, until `share` of the time budget is spent (each one is 1-12 s
 on 3,500-node graphs); a search bounded by `max_states` runs them all, so that it stays
-deterministic. A point the meta check refuses is skipped, never handed over.
+deterministic. A method that solves for one constraint (`Baseline.solve`: the exact `ilp`)
+is asked for the search's own constraint, with the share's time left (with no clock, on its
+deterministic one), instead of sweeping its knobs. A point the meta check refuses is skipped,
+never handed over.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from magis.backend.meta_check import check_graph
-from magis.baselines import BaselinePoint, Outcome, get_baseline
+from magis.baselines import Baseline, BaselinePoint, Outcome, Target, get_baseline
 from magis.commands.shared import Progress, silent
 from magis.cost import CostModel
 from magis.ir import Graph
@@ -28,7 +31,9 @@ from magis.search import Mode, Objective, WarmStart
 # The peers that most often hold the best point first (issue #16's table: xla-remat on the
 # decoders and DenseNet, pofo on T5). PyTorch's own min-cut needs the model (it re-traces it
 # through AOTAutograd) and makes another capture; min-cut-ir is the same algorithm on the step.
-WARM_START_METHODS = ("xla-remat", "pofo", "min-cut-ir", "dtr", "checkpoint")
+# The exact ILP last: it takes whatever the share has left.
+WARM_START_METHODS = ("xla-remat", "pofo", "min-cut-ir", "dtr", "checkpoint", "ilp")
+MIN_SOLVE_S = 1.0  # an exact method is not started with less of the share left
 WARM_START_SHARE = 0.25  # of the time budget, at most, before the search starts
 
 
@@ -78,10 +83,32 @@ def baseline_warm_starts(
             break
         progress(f"warm start: {name}")
         try:
-            chosen = best_point(get_baseline(name).points(graph, cost), objective, deadline)
+            chosen = _chosen(get_baseline(name), graph, cost, objective, deadline)
         except Exception:  # noqa: BLE001 - a peer that cannot handle this graph is no start
             chosen = None
         if chosen is not None and check_graph(chosen.graph).ok:
             warm.append(WarmStart(name, chosen.graph, chosen.order))
         longest = max(longest, time.perf_counter() - began)
     return warm
+
+
+def _chosen(
+    baseline: Baseline,
+    graph: Graph,
+    cost: CostModel,
+    objective: Objective,
+    deadline: float | None,
+) -> BaselinePoint | None:
+    """The method's best point under `objective`: solved for it where the method can
+    (`Baseline.solve`), else the best of its sweep (`best_point`)."""
+    if baseline.solve is None:
+        return best_point(baseline.points(graph, cost), objective, deadline)
+    seconds = None if deadline is None else deadline - time.perf_counter()
+    if seconds is not None and seconds < MIN_SOLVE_S:
+        return None
+    if objective.mode is Mode.LATENCY_LIMIT:
+        target = Target(latency_s=float(objective.limit))
+    else:
+        target = Target(memory_bytes=int(objective.limit))
+    found = baseline.solve(graph, cost, target, seconds)
+    return best_point([found], objective)
