@@ -79,7 +79,7 @@ class ConcurrentStrategy(ParallelStrategy):
             wid, state, moves = popped
             if moves is None:
                 state = self.reanalysed(core, pool, state)  # waits on its worker if busy
-                moves = PendingMoves(pool.sid_for(state), state.nodes)
+                moves = PendingMoves(pool.states.sid_for(state), state.nodes)
             jobs[wid] = _Job(state, moves)
 
     def _advance(self, core: SearchCore, pool: ParallelChildren, job: _Job, out: Outcome) -> bool:
@@ -88,7 +88,7 @@ class ConcurrentStrategy(ParallelStrategy):
         moves = job.moves
         moves.cursor += 1
         if out.name is None:  # no more moves: the state is done with
-            pool.release(moves.sid)
+            pool.states.release(moves.sid)
             return True
         child = pool.replay(core.evaluator, out)
         if child is None:
@@ -120,7 +120,7 @@ def _reorder_best(core: SearchCore, pool: ParallelChildren, jobs: dict[int, _Job
     best = core.best
     if not isinstance(best, Summary) or not core.budget.polish.affordable(best.nodes):
         return False
-    holders = pool.holders(best.sid)
+    holders = pool.states.holders(best.sid)
     if not holders:
         return False
     wid = min(holders)
@@ -142,7 +142,7 @@ def _pop_for(core: SearchCore, pool: ParallelChildren, idle: list[int]):
     chosen = None
     while core.queue and len(popped) < LOOKAHEAD:
         state, moves = core.pop()
-        holders = pool.holders(state.sid) if isinstance(state, Summary) else set()
+        holders = pool.states.holders(state.sid) if isinstance(state, Summary) else set()
         takers = [w for w in idle if w in holders]
         if takers or not holders:
             chosen = (takers[0] if takers else idle[0], state, moves)

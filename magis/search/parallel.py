@@ -75,7 +75,7 @@ class ParallelStrategy:
                 self.workers.transport, core.options.workers, core.evaluator
             )
             if self.initial_in_worker:
-                self.pool.held(INITIAL_SID, core.initial, 0)
+                self.pool.states.held(INITIAL_SID, core.initial, 0)
         return self.pool
 
     def run(self, core: SearchCore) -> None:
@@ -103,7 +103,7 @@ class ParallelStrategy:
             except KeyboardInterrupt:  # the search is ending anyway: a few seconds more
                 continue
         core.stats.breakdown["polish_in_worker"] = seconds
-        still_best = pool.reordering.sid == pool.sid_for(core.best)
+        still_best = pool.reordering.sid == pool.states.sid_for(core.best)
         return ReorderedBest(final, won, still_best)
 
     def close(self) -> None:
@@ -115,7 +115,7 @@ class ParallelStrategy:
         pool = self.pool_for(core)
         if moves is None:
             state = self.reanalysed(core, pool, state)
-            moves = PendingMoves(pool.sid_for(state), state.nodes)
+            moves = PendingMoves(pool.states.sid_for(state), state.nodes)
         evaluated = 0
         width = core.options.expansion_width
         while True:
@@ -128,7 +128,7 @@ class ParallelStrategy:
             out = pool.outcome(moves, 1 if evaluated == 0 else pool.n, spread)
             moves.cursor += 1
             if out.name is None:  # no more moves: the state is done with
-                pool.release(moves.sid)
+                pool.states.release(moves.sid)
                 return
             child = pool.replay(core.evaluator, out)
             if child is None:
@@ -173,7 +173,7 @@ class ParallelStrategy:
         kept = improved or core.ranking.worth_pushing(child, core.best)
         core.record(name, child)
         if improved:
-            pool.pin(child.sid)
+            pool.states.pin(child.sid)
         if not kept:
-            pool.release(child.sid)
+            pool.states.release(child.sid)
         return improved

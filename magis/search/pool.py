@@ -12,6 +12,7 @@ from typing import Any
 from magis.cost import CostModel
 from magis.errors import deferred_interrupt
 from magis.search.evaluator import Evaluator
+from magis.search.holdings import StateHoldings
 from magis.search.messages import (
     Batch,
     FetchState,
@@ -71,15 +72,6 @@ def _averaged(average: float | None, value: float, weight: float = 0.3) -> float
     return value if average is None else (1 - weight) * average + weight * value
 
 
-@dataclass
-class _Entry:
-    """A state some worker may need: which workers hold it, and its bytes once pickled."""
-
-    holders: set[int]
-    blob: bytes | None = None
-    state: MState | None = None  # the main process's copy, when it has one
-
-
 _SYNC = None  # `busy` value of a worker answering a direct call
 _REORDER = "reorder"  # ... of the worker re-ordering the best
 
@@ -103,13 +95,8 @@ class ParallelChildren:
     seen_log: list[int]
     tree_log: list
     cursors: list[tuple[int, int]]  # per worker: how much of each log it was sent
-    entries: dict[Sid, _Entry] = field(default_factory=dict)
-    sid_of: dict[int, Sid] = field(default_factory=dict)  # id() of a main-process state
-    drops: dict[int, list[Sid]] = field(default_factory=dict)
+    states: StateHoldings
     busy: dict[int, tuple[PendingMoves, int] | None] = field(default_factory=dict)
-    count: int = 0
-    pinned: Sid | None = None  # the best state's: kept in its worker until another is best
-    pinned_released: bool = False
     transfer: _TransferCost = field(default_factory=lambda: _TransferCost())
     cost: CostModel | None = None  # the search's: states travel with it by name
     reordering: _Reordering | None = None
@@ -119,58 +106,22 @@ class ParallelChildren:
         """The pool of started workers, which know the seen hashes as of now."""
         return ParallelChildren(
             transport, n, list(ev.seen), list(ev.seen_trees), [(0, 0)] * n,
-            drops={w: [] for w in range(n)}, cost=ev.cost,
+            StateHoldings(n), cost=ev.cost,
         )  # fmt: skip
 
     # --- states ----------------------------------------------------------------------------
 
-    def sid_for(self, state: MState | Summary) -> Sid:
-        if isinstance(state, Summary):
-            return state.sid
-        sid = self.sid_of.get(id(state))
-        if sid is None or self.entries.get(sid) is None or self.entries[sid].state is not state:
-            self.count += 1
-            sid = (-1, self.count)
-            self.entries[sid] = _Entry(set(), state=state)
-            self.sid_of[id(state)] = sid
-        return sid
-
-    def held(self, sid: Sid, state: MState, wid: int) -> None:
-        """Worker `wid` holds `state` (the main process's copy) as `sid`."""
-        self.entries[sid] = _Entry({wid}, state=state)
-        self.sid_of[id(state)] = sid
-
     def materialize(self, summary: Summary) -> MState:
         """The child itself, fetched from the worker that built it."""
-        entry = self.entries[summary.sid]
+        entry = self.states[summary.sid]
         if entry.state is None:
-            entry.state = loads(self._blob(summary.sid, summary.nodes), self.cost)
-            self.sid_of[id(entry.state)] = summary.sid
+            self.states.fetched(
+                summary.sid, loads(self._blob(summary.sid, summary.nodes), self.cost)
+            )
         return entry.state
 
-    def pin(self, sid: Sid) -> None:
-        """`sid` is the best state now: its worker keeps it until the search ends or another
-        is best (the state it replaces is released if the search was done with it)."""
-        previous, released = self.pinned, self.pinned_released
-        self.pinned, self.pinned_released = sid, False
-        if previous is not None and released:
-            self.release(previous)
-
-    def release(self, sid: Sid) -> None:
-        """No worker needs this state any more."""
-        if sid == self.pinned:
-            self.pinned_released = True
-            return
-        entry = self.entries.pop(sid, None)
-        if entry is None:
-            return
-        if entry.state is not None:
-            self.sid_of.pop(id(entry.state), None)
-        for w in entry.holders:
-            self.drops[w].append(sid)
-
     def _blob(self, sid: Sid, nodes: int) -> bytes:
-        entry = self.entries[sid]
+        entry = self.states[sid]
         if entry.blob is None:
             holder = None if entry.state is not None else self._free_holder(entry.holders)
             while holder in self.busy:  # not timed: the holder finishes a move first
@@ -196,7 +147,7 @@ class ParallelChildren:
     def reachable(self, sid: Sid) -> bool:
         """Whether a worker can take state `sid` now: the main process has it, or a worker
         that is not re-ordering the best holds it."""
-        holders = self.holders(sid)
+        holders = self.states.holders(sid)
         busy = self.reordering_worker()
         return busy is None or busy not in holders or len(holders) > 1
 
@@ -226,25 +177,17 @@ class ParallelChildren:
         self.wait_for_reordering()
         return loads(self.reordering.answer, self.cost)
 
-    def holders(self, sid: Sid) -> set[int]:
-        """The workers that hold state `sid`."""
-        entry = self.entries.get(sid)
-        return set() if entry is None else entry.holders
-
     def call_holder(self, sid: Sid, call: WorkerCall) -> Any:
         """Call a worker that holds state `sid`."""
-        return self._call(min(self.entries[sid].holders), call)
+        return self._call(min(self.states[sid].holders), call)
 
     def reanalysed_in_worker(self, sid: Sid, max_level: int, epoch: int) -> tuple[bool, float]:
         """Re-analyse state `sid` where it lives: (a lineage was found, seconds). The other
         workers' copies, if any, are now stale: they are dropped."""
-        entry = self.entries[sid]
-        holder = min(entry.holders)
+        holder = min(self.states[sid].holders)
         found, took = self._call(holder, Reanalyse(sid, max_level, epoch))
         if found:
-            for w in entry.holders - {holder}:
-                self.drops[w].append(sid)
-            entry.holders, entry.blob = {holder}, None
+            self.states.drop_copies(sid, holder)
         return found, took
 
     # --- moves -----------------------------------------------------------------------------
@@ -272,7 +215,7 @@ class ParallelChildren:
     def _fill(self, moves: PendingMoves, ahead: int, spread: bool) -> None:
         """Hand the next moves to idle workers, those holding the state first (no bytes to
         send)."""
-        holders = self.entries[moves.sid].holders if moves.sid in self.entries else set()
+        holders = self.states.holders(moves.sid)
         for wid in sorted(range(self.n), key=lambda w: w not in holders):
             if wid in self.busy:
                 continue
@@ -287,7 +230,7 @@ class ParallelChildren:
     def submit(self, wid: int, moves: PendingMoves, index: int, batch: Batch | None = None) -> None:
         """Hand move `index` of a popped state (or a `batch` of moves from there) to worker
         `wid`, with the state if it lacks it."""
-        entry = self.entries[moves.sid]
+        entry = self.states[moves.sid]
         blob = None
         if wid not in entry.holders:
             blob = self._blob(moves.sid, moves.nodes)
@@ -301,11 +244,10 @@ class ParallelChildren:
             blob,
             tuple(self.seen_log[seen_at:]),
             tuple(self.tree_log[trees_at:]),
-            tuple(self.drops[wid]),
+            self.states.take_drops(wid),
             batch,
         )
         self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
-        self.drops[wid] = []
         with deferred_interrupt():
             self.transport.submit(wid, task)
             self.busy[wid] = (moves, index)
@@ -362,12 +304,12 @@ class ParallelChildren:
         self.seen_log.append(out.hash)
         if out.child is None:  # the worker's copy of the seen hashes is older than ours
             raise WorkerError(f"a worker skipped a hash the search had not seen: {out.hash}")
-        self.entries[out.child.sid] = _Entry({out.child.sid[0]})
+        self.states.built(out.child)
         return out.child
 
     def _discard(self, out: Outcome) -> None:
         if out.child is not None:
-            self.drops[out.child.sid[0]].append(out.child.sid)
+            self.states.discard(out.child.sid)
 
     def close(self) -> None:
         self.transport.close()

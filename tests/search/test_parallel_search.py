@@ -201,7 +201,7 @@ def test_the_best_is_reordered_in_its_worker_while_the_search_goes_on(monkeypatc
     reorder, reordered = children.reorder, children.reordered
 
     def asking(pool, sid, wid):
-        assert wid in pool.holders(sid)
+        assert wid in pool.states.holders(sid)
         state = loads(pool.call_holder(sid, FetchState(sid)), cost)
         asked.append((pool, state, len(pool.seen_log)))
         return reorder(pool, sid, wid)
@@ -257,7 +257,7 @@ def test_the_first_worker_builds_the_initial_state_the_main_process_would(monkey
     submit = pool_module.ParallelChildren.submit
 
     def recording(pool, wid, moves, index, batch=None):
-        submitted.append((moves.sid, wid in pool.entries[moves.sid].holders))
+        submitted.append((moves.sid, wid in pool.states.holders(moves.sid)))
         return submit(pool, wid, moves, index, batch)
 
     monkeypatch.setattr(pool_module.ParallelChildren, "submit", recording)
