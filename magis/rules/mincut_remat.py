@@ -37,7 +37,7 @@ graph with clones, named `<node>_mincut<k>`).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import rustworkx as rx
@@ -350,6 +350,18 @@ def _peak_holds_what_the_cut_frees(ctx: RuleContext) -> bool:
     return False
 
 
+@dataclass
+class _SharedCut:
+    """What the three prices of one state's cut share: the split into forward and backward
+    and its flow network (made by the first `build` the search calls), and the recomputed
+    sets already traced."""
+
+    split: bool = False
+    sides: _Sides | None = None
+    network: _Network | None = None
+    traced: set[frozenset[int]] = field(default_factory=set)
+
+
 def _match(ctx: RuleContext) -> Iterator[Rewrite]:
     """One lazy rewrite per recomputation price (`PENALTIES`), each the whole min cut at once.
 
@@ -369,17 +381,18 @@ def _match(ctx: RuleContext) -> Iterator[Rewrite]:
     if not _offered(graph) or (ctx.hotspots_only and not _peak_holds_what_the_cut_frees(ctx)):
         return
     order, frozen = ctx.order, ctx.frozen
-    memo: dict = {"traced": set()}
+    shared = _SharedCut()
 
     def build(penalty: float) -> Rewritten:
-        if "sides" not in memo:
-            memo["sides"] = sides = _sides(graph, "runtime", order, frozen)
-            memo["network"] = None if sides is None else _network(graph, sides)
-        sides = memo["sides"]
-        cut = None if sides is None else _cut(graph, sides, penalty, memo["network"])
+        if not shared.split:
+            shared.split = True
+            shared.sides = _sides(graph, "runtime", order, frozen)
+            shared.network = None if shared.sides is None else _network(graph, shared.sides)
+        sides = shared.sides
+        cut = None if sides is None else _cut(graph, sides, penalty, shared.network)
         result = None
-        if cut is not None and cut.recomputed not in memo["traced"]:
-            memo["traced"].add(cut.recomputed)
+        if cut is not None and cut.recomputed not in shared.traced:
+            shared.traced.add(cut.recomputed)
             result = _traced(graph, order, frozen, cut)
         return result if result is not None else Rewritten(graph.copy(), frozenset())
 
