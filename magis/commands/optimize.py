@@ -33,6 +33,7 @@ from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
 from magis.errors import MagisError, deferred_interrupt
 from magis.plan import Plan, PlanSummary, check_plan_graph
+from magis.rules.offload import offloadable_bytes
 from magis.search import (
     TIME_BUDGET_S,
     Improvement,
@@ -105,7 +106,8 @@ def _setup(
     written = limit.limit
     if limit.mode is Mode.MEMORY_LIMIT:
         limit_bytes = int(written.resolve(base.peak_bytes))
-        check_memory_reachable(limit_bytes, written.text, base)
+        movable = offloadable_bytes(step.graph)
+        check_memory_reachable(limit_bytes, written.text, base, movable)
         objective = Objective(Mode.MEMORY_LIMIT, limit_bytes)
     else:
         limit_s = written.resolve(base.latency_s)
