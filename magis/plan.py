@@ -67,6 +67,21 @@ class PlanSummary:
     # The best state's moves from the program order, each with its figures before and after
     # (`magis.search.decisions.full_trail`); empty in a plan older than version 3.
     decisions: tuple[Decision, ...] = ()
+    # The kind of training step the plan was made for (`magis.capture.StepKind`: the commands
+    # that run a saved plan capture that step again), and the program order's resident bytes
+    # (weights, optimizer state, inputs: the floor of every plan that keeps them on the device).
+    # Plans from before issue 42 lack both: theirs was the sgd step, its floor not recorded.
+    step: str = "sgd"
+    resident_bytes: int = 0
+
+    @property
+    def above_floor_ratio(self) -> float | None:
+        """The plan's peak above the resident floor over the program order's (below 0: the
+        plan's peak is under the floor, optimizer state offloaded); None if not recorded."""
+        above = self.program_order_peak_bytes - self.resident_bytes
+        if not self.resident_bytes or above <= 0:
+            return None
+        return (self.peak_bytes - self.resident_bytes) / above
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +100,9 @@ class PlanSummary:
             raise PlanError("the plan's 'summary' field is not an object: re-run magis optimize")
         hints = typing.get_type_hints(PlanSummary)
         values: dict[str, Any] = {"decisions": ()}
+        optional = {
+            f.name: f.default for f in dataclasses.fields(PlanSummary) if f.name in _OPTIONAL_FIELDS
+        }
         if version >= 3:
             if "decisions" not in data:
                 raise PlanError(
@@ -93,6 +111,9 @@ class PlanSummary:
             values["decisions"] = decisions_from_json(data["decisions"], "summary.decisions")
         for f in dataclasses.fields(PlanSummary):
             if f.name == "decisions":
+                continue
+            if f.name in optional and f.name not in data:
+                values[f.name] = optional[f.name]
                 continue
             if f.name not in data:
                 raise PlanError(
@@ -107,6 +128,10 @@ class PlanSummary:
                 "peak_tensors": tuple(values["peak_tensors"]),
             }
         )
+
+
+# Summary fields added within a plan version: a plan written before them loads with the default.
+_OPTIONAL_FIELDS = ("step", "resident_bytes")
 
 
 def _checked(name: str, value: Any, hint: Any) -> Any:
@@ -192,8 +217,9 @@ class Plan:
     def report(self) -> str:
         s = self.summary
         lines = [
-            f"magis plan for {s.workload or 'a step'} on {s.hardware}",
-            f"  memory  {s.memory_ratio:.3f} of the program order ({s.peak_bytes / 2**30:.3f} GiB)",
+            f"magis plan for {_what(s)} on {s.hardware}",
+            f"  memory  {s.memory_ratio:.3f} of the program order ({s.peak_bytes / 2**30:.3f} GiB)"
+            + _above_floor(s),
             f"  latency {s.latency_ratio:.3f} of the program order",
             f"  limit   {'met' if s.satisfied else 'NOT met'} ({s.mode} {s.limit_ratio:.3f} "
             "of the program order)",
@@ -277,6 +303,19 @@ def check_plan_graph(graph: Graph) -> None:
             f"the plan does not hold together: {report.mismatches[0]} "
             f"({len(report.mismatches)} mismatches); re-run magis optimize"
         )
+
+
+def _what(s: PlanSummary) -> str:
+    """The workload and its step kind; a user's own step is "a step" (its kind is theirs)."""
+    return "a step" if s.workload is None else f"{s.workload} ({s.step} step)"
+
+
+def _above_floor(s: PlanSummary) -> str:
+    """The peak above the resident floor, beside the memory ratio, where the floor is known."""
+    ratio = s.above_floor_ratio
+    if ratio is None:
+        return ""
+    return f"; above the resident floor {ratio:.3f} of the program order's"
 
 
 def _device_of(inputs) -> torch.device:

@@ -62,7 +62,18 @@ class Names:
 
     def __init__(self, graph: Graph, order: list[int]) -> None:
         # Names the generated code uses besides the values' (`float` spells inf and nan).
-        taken = {"torch", "aten", "device", "program", "store", "load", "ready", "arena", "float"}
+        taken = {
+            "torch",
+            "aten",
+            "device",
+            "program",
+            "store",
+            "store_into",
+            "load",
+            "ready",
+            "arena",
+            "float",
+        }
         self._names: dict[Ref, str] = {}
         for nid in order:
             node = graph.node(nid)
@@ -111,6 +122,8 @@ def call_source(graph: Graph, nid: int, names: Names, device_type: str = "cpu") 
     node = graph.node(nid)
     overload = check_node(node, f"node {node.id} ({shown(node.name)})")
     if overload is None:  # Store / Load: the runtime's host pool does the copy
+        if node.writes_into is not None:  # offloaded state written back (rules/offload.py)
+            return f"store_into({names[node.inputs[0]]}, {names[node.writes_into]})"
         verb = "store" if node.op == STORE_OP else "load"
         return f"{verb}({names[node.inputs[0]]})"
     args = [literal(a, names) for a in node.args]
@@ -234,6 +247,7 @@ def program_from_source(
         "aten": torch.ops.aten,
         "device": device,
         "store": pool.store,
+        "store_into": pool.store_into,
         "load": lambda host: pool.load(host, device),
         "ready": pool.ready,
     }

@@ -57,6 +57,22 @@ class HostPool:
         weakref.finalize(host.untyped_storage(), self._release, nbytes)
         return host
 
+    def store_into(self, x: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+        """Copy `x` into `host`, a placeholder kept in host memory (offloaded optimizer state,
+        `magis.rules.offload`): on a GPU on the side stream, as `store` copies, once the
+        compute stream has produced `x`. The placeholder's bytes are the caller's, not the
+        pool's."""
+        if not x.is_cuda or host.is_cuda:
+            return host.copy_(x)
+        produced = torch.cuda.Event()
+        produced.record()
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            stream.wait_event(produced)
+            host.copy_(x, non_blocking=True)
+            x.record_stream(stream)
+        return host
+
     def load(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             return host.clone()

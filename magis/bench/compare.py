@@ -51,7 +51,7 @@ from magis.bench.compare_cells import front as _front  # noqa: F401 - the tests'
 from magis.bench.compare_report import CompareOptions, CompareReport, Row, write_outputs
 from magis.bench.constraints import CONSTRAINTS, MAGIS, MICROBATCH, PARETO, Constraint
 from magis.bench.parallel import CellRunner, SerialRunner, run_cells
-from magis.capture import Step, workload_step
+from magis.capture import DEFAULT_STEP, Step, StepKind, workload_step
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph
@@ -74,6 +74,7 @@ class Context:
     step: Step
     cost: CostModel
     base: SimResult  # program order: the PyTorch baseline, the denominator of every ratio
+    step_kind: StepKind = DEFAULT_STEP  # what `step` was captured as (`--step`)
 
     @property
     def graph(self) -> Graph:
@@ -163,11 +164,11 @@ class WorkloadMemo:
 
 
 @functools.lru_cache(maxsize=2)
-def workload_memo(workload: str, hardware: str) -> WorkloadMemo:
+def workload_memo(workload: str, hardware: str, step: StepKind = DEFAULT_STEP) -> WorkloadMemo:
     """Per process: the cells of one workload run one after the other in a worker share one
     capture (two kept: a worker moving on to the next workload may still get a late cell)."""
     try:
-        return WorkloadMemo(capture_context(workload, hardware), {})
+        return WorkloadMemo(capture_context(workload, hardware, step), {})
     except Exception as exc:  # noqa: BLE001 - each of the workload's cells is a FAILURE row
         return WorkloadMemo(None, {}, f"capture failed: {type(exc).__name__}: {exc}")
 
@@ -175,9 +176,9 @@ def workload_memo(workload: str, hardware: str) -> WorkloadMemo:
 def run_compare_cell(cell: CompareCell) -> CellResult:
     """One cell, wherever it runs (`magis.bench.parallel`): capture (memoized), then the
     baseline's points, one MAGIS search, or the micro-batching series."""
-    memo = workload_memo(cell.workload, cell.hardware)
+    memo = workload_memo(cell.workload, cell.hardware, cell.step)
     ctx = memo.context
-    figures = (ctx.base.peak_bytes, ctx.base.latency_s)
+    figures = (ctx.base.peak_bytes, ctx.base.latency_s, ctx.base.resident_bytes)
     if cell.method == MAGIS:
         result = search(ctx, cell.constraint, SearchOptions(time_budget=cell.time_budget))
         rows = (magis_row(ctx, cell.constraint, result, cell.time_budget),) if cell.in_table else ()
@@ -190,11 +191,12 @@ def run_compare_cell(cell: CompareCell) -> CellResult:
     return CellResult(*figures, tuple(baseline_rows(ctx, cell.method, memo.outcomes[cell.method])))
 
 
-def capture_context(workload: str, hardware: str) -> Context:
-    _, step = workload_step(workload, float64_when_tiny=True)  # as `magis optimize` captures it
+def capture_context(workload: str, hardware: str, kind: StepKind = DEFAULT_STEP) -> Context:
+    # as `magis optimize` captures it
+    _, step = workload_step(workload, step=kind, float64_when_tiny=True)
     cost = get_cost_model(hardware)
     base = simulate(step.graph, step.graph.program_order(), cost)
-    return Context(workload, step, cost, base)
+    return Context(workload, step, cost, base, kind)
 
 
 # --- baselines -------------------------------------------------------------------------------
@@ -211,6 +213,10 @@ def baseline_outcomes(method: str, ctx: Context) -> list[Outcome]:
 
 def _points(method: str, ctx: Context) -> Iterable[Outcome]:
     if method in ("min-cut", "min-cut-budget"):
+        if ctx.step_kind is not DEFAULT_STEP:
+            return [
+                Failure(method, f"AOTAutograd's min-cut traces the {DEFAULT_STEP.value} step only")
+            ]
         # PyTorch's partitioner re-traces the model through AOTAutograd: it needs the workload,
         # not our graph. "min-cut" is budget 1.0; "min-cut-budget" sweeps 1.0 .. 0.0.
         from magis.baselines.mincut import DEFAULT_BUDGETS, min_cut_baseline

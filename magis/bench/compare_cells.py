@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from magis.bench.compare_report import CompareOptions, CompareReport, Row, WorkloadResult
 from magis.bench.constraints import CONSTRAINTS, MAGIS, MICROBATCH, PARETO, Constraint
 from magis.bench.parallel import CellFailure
+from magis.capture.step_kinds import DEFAULT_STEP, StepKind
 from magis.search import Mode
 
 Record = tuple[int, float, str]  # an improvement: memory, latency, the search's constraint
@@ -31,6 +32,7 @@ class CompareCell:
     constraint: Constraint | None = None  # MAGIS: the search's constraint
     time_budget: float = 0.0  # MAGIS: seconds
     factors: tuple[int, ...] = ()  # MICROBATCH: the micro-batch counts
+    step: StepKind = DEFAULT_STEP  # the training step captured (`--step`)
 
     def describe(self) -> str:
         if self.method == MAGIS and self.constraint is not None:
@@ -52,6 +54,7 @@ class CellResult:
 
     program_peak_bytes: int
     program_latency_s: float
+    resident_bytes: int  # the program order's floor: weights, optimizer state, inputs
     rows: tuple[Row, ...]
     records: tuple[Record, ...] = ()
     interrupted: bool = False  # Ctrl-C reached the search (serial runs only)
@@ -60,6 +63,7 @@ class CellResult:
 def compare_cells(options: CompareOptions) -> list[CompareCell]:
     """Every cell of the run, in the serial run's order."""
     cells = []
+    step = options.step
     magis = [
         *CONSTRAINTS,
         *(Constraint(Mode.MEMORY_LIMIT, r) for r in options.pareto_memory_ratios),
@@ -68,13 +72,16 @@ def compare_cells(options: CompareOptions) -> list[CompareCell]:
         for method in options.all_methods():
             if method == MAGIS:
                 cells += [
-                    CompareCell(w, options.hardware, MAGIS, c, options.time_budget) for c in magis
+                    CompareCell(w, options.hardware, MAGIS, c, options.time_budget, step=step)
+                    for c in magis
                 ]
             else:
-                cells.append(CompareCell(w, options.hardware, method))
+                cells.append(CompareCell(w, options.hardware, method, step=step))
         if options.microbatch.covers(w):
             cells.append(
-                CompareCell(w, options.hardware, MICROBATCH, factors=options.microbatch_factors)
+                CompareCell(
+                    w, options.hardware, MICROBATCH, factors=options.microbatch_factors, step=step
+                )
             )
     return cells
 
@@ -105,7 +112,7 @@ class Board:
         """Record one cell's result; the workload's name."""
         cell = self.cells[index]
         if isinstance(result, CellFailure):
-            result = CellResult(0, 0.0, failure_rows(cell, result.reason))
+            result = CellResult(0, 0.0, 0, failure_rows(cell, result.reason))
         self.results[index] = result
         self.seconds[cell.workload] = self.seconds.get(cell.workload, 0.0) + seconds
         self._lay_out(cell.workload)
@@ -122,6 +129,7 @@ class Board:
             workload,
             measured[0].program_peak_bytes if measured else 0,
             measured[0].program_latency_s if measured else 0.0,
+            measured[0].resident_bytes if measured else 0,
         )
         magis = [i for i, c in mine if c.method == MAGIS]
         for i, _ in mine:

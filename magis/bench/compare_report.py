@@ -14,6 +14,7 @@ from typing import Any
 from magis.baselines import baseline_names
 from magis.bench import plots
 from magis.bench.constraints import CONSTRAINTS, MAGIS, Constraint
+from magis.capture.step_kinds import DEFAULT_STEP, StepKind
 from magis.capture.workloads import WORKLOAD_FAMILIES
 from magis.search import Mode
 
@@ -46,6 +47,7 @@ class CompareOptions:
     pareto_memory_ratios: tuple[float, ...] = PARETO_MEMORY_RATIOS
     microbatch: MicrobatchScope = MicrobatchScope.VIT
     microbatch_factors: tuple[int, ...] = MICROBATCH_FACTORS
+    step: StepKind = DEFAULT_STEP  # the training step captured (`--step`)
 
     def all_methods(self) -> tuple[str, ...]:
         return self.methods or (MAGIS, *baseline_names())
@@ -94,6 +96,7 @@ class WorkloadResult:
     workload: str
     program_peak_bytes: int
     program_latency_s: float
+    resident_bytes: int = 0  # the program order's floor: weights, optimizer state, inputs
     rows: list[Row] = field(default_factory=list)
     seconds: float = 0.0
     complete: bool = False
@@ -103,6 +106,7 @@ class WorkloadResult:
             "workload": self.workload,
             "program_peak_bytes": self.program_peak_bytes,
             "program_latency_s": self.program_latency_s,
+            "resident_bytes": self.resident_bytes,
             "seconds": self.seconds,
             "complete": self.complete,
             "rows": [r.to_json() for r in self.rows],
@@ -123,6 +127,7 @@ class CompareReport:
         o = self.options
         return {
             "hardware": o.hardware,
+            "step": o.step.value,
             "time_budget_s": o.time_budget,
             "methods": list(o.all_methods()),
             "constraints": [c.label for c in CONSTRAINTS],
@@ -171,22 +176,51 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def constraint_table(report: CompareReport, c: Constraint) -> tuple[list[str], list[list[str]]]:
     """(workloads, one row of cells per method) for one constraint: the memory ratio under a
-    latency limit (Fig. 9), the latency overhead under a memory limit (Fig. 10)."""
-    workloads = [w.workload for w in report.workloads]
+    latency limit (Fig. 9), the latency overhead under a memory limit (Fig. 10). The first row
+    is each workload's resident floor (weights, optimizer state, inputs) over its program
+    order's peak; a memory ratio has beside it, in brackets, the part of its peak above that
+    floor over the program order's (below 0: under the floor, optimizer state offloaded)."""
+    results = {w.workload: w for w in report.workloads}
+    workloads = list(results)
     found = {(r.workload, r.method): r for r in report.rows() if r.constraint == c.label}
-    table = []
+    table = [[FLOOR_ROW, *(_floor_cell(results[w]) for w in workloads)]]
     for m in report.options.all_methods():
-        table.append([m] + [_cell(found.get((w, m)), c) for w in workloads])
+        table.append([m] + [_cell(found.get((w, m)), c, results[w]) for w in workloads])
     return workloads, table
 
 
-def _cell(row: Row | None, c: Constraint) -> str:
+FLOOR_ROW = "resident floor"
+
+
+def floor_ratio(resident_bytes: int, program_peak_bytes: int) -> float | None:
+    """The resident bytes over the program order's peak; None where either is unknown."""
+    if not resident_bytes or not program_peak_bytes:
+        return None
+    return resident_bytes / program_peak_bytes
+
+
+def above_floor(memory_ratio: float, floor: float | None) -> float | None:
+    """The part of a peak above the resident floor over the program order's part above it
+    (both peaks as ratios of the program order's), None without a floor below the peak."""
+    if floor is None or floor >= 1:
+        return None
+    return (memory_ratio - floor) / (1 - floor)
+
+
+def _floor_cell(w: WorkloadResult) -> str:
+    floor = floor_ratio(w.resident_bytes, w.program_peak_bytes)
+    return "—" if floor is None else f"{floor:.3f}"
+
+
+def _cell(row: Row | None, c: Constraint, w: WorkloadResult) -> str:
     if row is None:
         return "—"
     if not row.satisfied:
         return "FAILURE"
     if c.mode is Mode.LATENCY_LIMIT:
         text = f"{row.memory_ratio:.3f}"
+        above = above_floor(row.memory_ratio, floor_ratio(w.resident_bytes, w.program_peak_bytes))
+        text += "" if above is None else f" [{above:.3f}]"
     else:
         text = f"{(row.latency_ratio - 1) * 100:+.1f}%"
     return text + _gap(row)
@@ -201,9 +235,12 @@ def _gap(row: Row) -> str:
 def tables_markdown(report: CompareReport) -> str:
     o = report.options
     lines = [
-        f"# magis bench compare ({o.hardware}, MAGIS {o.time_budget:g} s per search)",
+        f"# magis bench compare ({o.hardware}, {o.step.value} step, MAGIS {o.time_budget:g} s "
+        "per search)",
         "",
-        "Ratios against PyTorch's program order on the same cost model.",
+        "Ratios against PyTorch's program order on the same cost model. The first row is the "
+        "resident floor (weights, optimizer state, inputs) over the program order's peak; in "
+        "brackets, the part of a peak above that floor over the program order's.",
     ]
     if report.interrupted:
         lines.append("\n**Interrupted**: the tables hold what finished.")

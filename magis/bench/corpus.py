@@ -41,7 +41,7 @@ from magis.bench.corpus_report import (
     write_outputs,
 )
 from magis.bench.parallel import CellFailure, CellRunner, SerialRunner, run_cells
-from magis.capture import workload_step
+from magis.capture import DEFAULT_STEP, StepKind, workload_step
 from magis.capture.corpus import CORPUS_NAMES, FULL, TINY
 from magis.commands.limits import parse_memory_figure
 from magis.commands.optimize import find_plan, setup_search
@@ -73,6 +73,7 @@ class Cell:
     max_states: int | None = None
     methods: tuple[str, ...] = ()
     workers: int = 1
+    step: StepKind = DEFAULT_STEP
 
     def describe(self) -> str:
         if self.constraint is None:
@@ -86,6 +87,7 @@ class CellResult:
     program_latency_s: float
     nodes: int
     capture_seconds: float
+    resident_bytes: int
     searched: Searched | None = None
     chosen: tuple[Chosen, ...] = ()
 
@@ -105,10 +107,17 @@ def corpus_cells(options: CorpusOptions) -> list[Cell]:
     cells = []
     for model in options.models:
         w = options.workload(model)
-        cells.append(Cell(w, options.hardware, methods=options.baselines()))
+        cells.append(Cell(w, options.hardware, methods=options.baselines(), step=options.step))
         cells += [
             Cell(
-                w, options.hardware, c, options.time_budget, options.max_states, (), options.workers
+                w,
+                options.hardware,
+                c,
+                options.time_budget,
+                options.max_states,
+                (),
+                options.workers,
+                options.step,
             )
             for c in CORPUS_CONSTRAINTS
         ]
@@ -166,6 +175,7 @@ def _record(model: ModelResult, cell: Cell, result: CellResult | CellFailure) ->
         result.program_latency_s,
     )
     model.nodes, model.capture_seconds = result.nodes, result.capture_seconds
+    model.resident_bytes = result.resident_bytes
     if result.searched is not None:
         model.searched[result.searched.constraint] = result.searched
     for chosen in result.chosen:
@@ -176,28 +186,29 @@ def _record(model: ModelResult, cell: Cell, result: CellResult | CellFailure) ->
 
 
 @functools.lru_cache(maxsize=2)
-def _prepared(workload: str, hardware: str) -> tuple[Context, float]:
+def _prepared(workload: str, hardware: str, kind: StepKind) -> tuple[Context, float]:
     """Per process: the model's capture (as `magis optimize` captures it) and its program
     order on the cost model, shared by the cells of one model that run here."""
     start = time.process_time()
-    _, step = workload_step(workload, float64_when_tiny=True)
+    _, step = workload_step(workload, step=kind, float64_when_tiny=True)
     seconds = time.process_time() - start
     cost = get_cost_model(hardware)
     # the program order measured as `setup_search` measures it: MAGIS's ratios and the
     # baselines' share their denominator
     figure = parse_memory_figure("theoretical")
     base = simulate_state(step.graph, step.graph.program_order(), cost, figure)
-    return Context(workload, step, cost, base), seconds
+    return Context(workload, step, cost, base, kind), seconds
 
 
 def run_corpus_cell(cell: Cell) -> CellResult:
     """The baselines' best points under both constraints, or one MAGIS search."""
-    ctx, capture_seconds = _prepared(cell.workload, cell.hardware)
+    ctx, capture_seconds = _prepared(cell.workload, cell.hardware, cell.step)
     figures = (
         ctx.base.peak_bytes,
         ctx.base.latency_s,
         len(ctx.graph.program_order()),
         capture_seconds,
+        ctx.base.resident_bytes,
     )
     if cell.constraint is None:
         points = [o for m in cell.methods for o in baseline_outcomes(m, ctx)]

@@ -13,8 +13,10 @@ from typing import Any
 
 from magis.baselines import baseline_names
 from magis.bench import plots
+from magis.bench.compare_report import above_floor, floor_ratio
 from magis.bench.constraints import Constraint
 from magis.capture.corpus import CORPUS_NAMES, CORPUS_PREFIX, FULL
+from magis.capture.step_kinds import DEFAULT_STEP, StepKind
 from magis.search import Mode
 
 CORPUS_CONSTRAINTS = (Constraint(Mode.LATENCY_LIMIT, 1.10), Constraint(Mode.MEMORY_LIMIT, 0.4))
@@ -32,6 +34,7 @@ class CorpusOptions:
     methods: tuple[str, ...] = ()  # baselines; empty: every registered one
     out: Path = Path("out/bench-corpus")
     workers: int = 1  # worker processes of each MAGIS search (`magis optimize --workers`)
+    step: StepKind = DEFAULT_STEP  # the training step captured (`--step`)
 
     def workload(self, model: str) -> str:
         return f"{CORPUS_PREFIX}{model}" + ("" if self.size == FULL else f":{self.size}")
@@ -82,7 +85,9 @@ class Chosen:
 CSV_FIELDS = (
     "model",
     "constraint",
+    "resident_floor_ratio",
     "memory_ratio",
+    "memory_above_floor_ratio",
     "latency_ratio",
     "satisfied",
     "states_explored",
@@ -106,6 +111,7 @@ class ModelResult:
     program_latency_s: float = 0.0
     nodes: int = 0
     capture_seconds: float = 0.0
+    resident_bytes: int = 0  # the program order's floor: weights, optimizer state, inputs
     searched: dict[str, Searched] = field(default_factory=dict)
     chosen: dict[str, Chosen] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)  # cells that raised
@@ -118,10 +124,15 @@ class ModelResult:
 
     def _row(self, label: str) -> dict[str, Any]:
         s, b = self.searched.get(label), self.chosen.get(label)
+        floor = self.floor_ratio
         return {
             "model": self.model,
             "constraint": label,
+            "resident_floor_ratio": floor,
             "memory_ratio": s.memory_ratio if s else None,
+            "memory_above_floor_ratio": (
+                above_floor(s.memory_ratio, floor) if s and s.memory_ratio is not None else None
+            ),
             "latency_ratio": s.latency_ratio if s else None,
             "satisfied": s.satisfied if s else None,
             "states_explored": s.states_explored if s else None,
@@ -137,10 +148,16 @@ class ModelResult:
             "baseline_reason": b.reason if b else "",
         }
 
+    @property
+    def floor_ratio(self) -> float | None:
+        """The resident bytes over the program order's peak (None before a cell reported)."""
+        return floor_ratio(self.resident_bytes, self.program_peak_bytes)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "program_peak_bytes": self.program_peak_bytes,
+            "resident_bytes": self.resident_bytes,
             "program_latency_s": self.program_latency_s,
             "nodes": self.nodes,
             "capture_seconds": self.capture_seconds,
@@ -163,6 +180,7 @@ class CorpusReport:
         o = self.options
         return {
             "hardware": o.hardware,
+            "step": o.step.value,
             "size": o.size,
             "time_budget_s": o.time_budget,
             "max_states": o.max_states,
@@ -236,30 +254,42 @@ def _atomic(path: Path, text: str) -> None:
 def table_cells(report: CorpusReport) -> tuple[list[str], list[list[str]]]:
     """The table's header and one row of cells per model: MAGIS and the best baseline under
     each constraint (memory ratio under the latency limit, latency overhead under the memory
-    limit)."""
-    header = ["model", "nodes"]
+    limit). Beside the nodes, the resident floor (weights, optimizer state, inputs) over the
+    program order's peak; beside a memory ratio, in brackets, the part of its peak above that
+    floor over the program order's (below 0: under the floor)."""
+    header = ["model", "nodes", "resident floor"]
     for c in CORPUS_CONSTRAINTS:
         header += [f"magis {c.label}", f"best baseline {c.label}"]
     body = []
     for m in report.models:
-        cells = [m.model, str(m.nodes or "—")]
+        floor = m.floor_ratio
+        cells = [m.model, str(m.nodes or "—"), "—" if floor is None else f"{floor:.3f}"]
         for c in CORPUS_CONSTRAINTS:
             s, b = m.searched.get(c.label), m.chosen.get(c.label)
-            cells.append(_cell(c, s.satisfied, s.memory_ratio, s.latency_ratio) if s else "—")
+            cells.append(
+                _cell(c, s.satisfied, s.memory_ratio, s.latency_ratio, floor) if s else "—"
+            )
             if b is None:
                 cells.append("—")
             else:
-                text = _cell(c, b.satisfied, b.memory_ratio, b.latency_ratio)
+                text = _cell(c, b.satisfied, b.memory_ratio, b.latency_ratio, floor)
                 cells.append(f"{text} ({b.method})" if b.satisfied else text)
         body.append(cells)
     return header, body
 
 
-def _cell(c: Constraint, satisfied: bool, memory: float | None, latency: float | None) -> str:
+def _cell(
+    c: Constraint,
+    satisfied: bool,
+    memory: float | None,
+    latency: float | None,
+    floor: float | None = None,
+) -> str:
     if not satisfied or memory is None or latency is None:
         return "FAILURE"
     if c.mode is Mode.LATENCY_LIMIT:
-        return f"{memory:.3f}"
+        above = above_floor(memory, floor)
+        return f"{memory:.3f}" + ("" if above is None else f" [{above:.3f}]")
     return f"{(latency - 1) * 100:+.1f}%"
 
 
@@ -267,10 +297,13 @@ def table_markdown(report: CorpusReport) -> str:
     o = report.options
     budget = f"{o.time_budget:g} s" + (f", {o.max_states} states" if o.max_states else "")
     lines = [
-        f"# magis bench corpus ({o.hardware}, {o.size} size, MAGIS {budget} per search)",
+        f"# magis bench corpus ({o.hardware}, {o.size} size, {o.step.value} step, MAGIS {budget}"
+        " per search)",
         "",
         "Memory ratio under the latency limit, latency overhead under the memory limit; both "
-        "against PyTorch's program order on the same cost model.",
+        "against PyTorch's program order on the same cost model. The resident floor is the "
+        "weights', optimizer state's and inputs' bytes over the program order's peak; in "
+        "brackets, the part of a peak above that floor over the program order's.",
     ]
     if report.interrupted:
         lines.append("\n**Interrupted**: the table holds what finished.")

@@ -3,18 +3,29 @@
 import sys
 import types
 
+from magis.capture.step_kinds import (
+    DEFAULT_STEP,
+    STEP_NAMES,
+    OptimizerSpec,
+    StepKind,
+    read_step_kind,
+)
 from magis.capture.steps import workload_step
-from magis.capture.trace import OptimizerSpec, Step, capture, training_step
+from magis.capture.trace import Step, capture, training_step
 from magis.capture.workloads import WORKLOAD_FAMILIES, Workload, get_workload, list_workloads
 
 __all__ = [
+    "DEFAULT_STEP",
+    "STEP_NAMES",
     "WORKLOAD_FAMILIES",
     "OptimizerSpec",
     "Step",
+    "StepKind",
     "Workload",
     "capture",
     "get_workload",
     "list_workloads",
+    "read_step_kind",
     "training_step",
     "workload_step",
 ]

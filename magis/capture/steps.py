@@ -7,6 +7,7 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from magis.capture.step_kinds import DEFAULT_STEP, StepKind, read_step_kind
 from magis.capture.trace import Step, training_step
 from magis.capture.user_model import UserModel, is_model_file, model_file_step
 from magis.capture.workloads import Workload, get_workload
@@ -26,7 +27,7 @@ def workload_step(
     name: str,
     batch: int | None = None,
     dtype: torch.dtype | None = None,
-    optimizer: str | None = "sgd",
+    step: StepKind | str = DEFAULT_STEP,
     real: bool | None = None,
     seed: int = 0,
     *,
@@ -40,16 +41,20 @@ def workload_step(
     float64). `float64_when_tiny` is the step `magis optimize`, `run` and `layout --plan` work
     on: a `:tiny` workload without a `dtype` is built in float64, so that plans made for it
     verify to 1e-9 against eager PyTorch, and a plan saved by one command matches the step the
-    next one captures.
+    next one captures. `step` is the kind of step (`magis.capture.step_kinds.StepKind`); an
+    autocast one keeps the workload's float32 master weights even then (autocast leaves
+    float64 tensors uncast: such a capture would hold no reduced-precision op).
 
     `name` may also be a model file, `path/to/model.py:factory` (`magis.capture.user_model`):
     built at full size under fake tensors unless `real`.
     """
+    kind = read_step_kind(step)
     if is_model_file(name):
-        return model_file_step(name, batch, dtype, optimizer, real=bool(real), seed=seed)
+        return model_file_step(name, batch, dtype, kind, real=bool(real), seed=seed)
     wl = get_workload(name, batch)
     real = wl.size != "paper" if real is None else real
-    if dtype is None and float64_when_tiny and wl.size == "tiny":
+    tight = float64_when_tiny and not kind.keeps_master_dtype
+    if dtype is None and tight and wl.size == "tiny":
         dtype = torch.float64
     dtype = dtype if dtype is not None else wl.dtype
     mode = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
@@ -57,4 +62,6 @@ def workload_step(
         torch.manual_seed(seed)
         model = wl.build_model()
         inputs = wl.make_inputs(wl.batch)
-    return wl, training_step(model, inputs, loss_fn=wl.loss_fn, optimizer=optimizer)
+    return wl, training_step(
+        model, inputs, loss_fn=wl.loss_fn, optimizer=kind.optimizer, autocast=kind.autocast
+    )

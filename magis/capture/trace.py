@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -21,10 +20,9 @@ from torch.func import functional_call, functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.fx_import import constant_values, import_fx
+from magis.capture.step_kinds import OPTIMIZERS, OptimizerSpec, UpdateRule, autocast_loss
 from magis.errors import CaptureError, MagisError
 from magis.ir import Graph, PlaceholderKind
-
-OPTIMIZERS = ("sgd", "adam", None)
 
 
 @dataclass
@@ -213,88 +211,27 @@ def _as_tuple_fn(fn: Callable) -> Callable[..., tuple]:
     return wrapped
 
 
-class UpdateRule(Protocol):
-    """What a captured training step does with its gradients: an optimizer in tensor ops.
-
-    `state_names(i)` names the state tensors that trainable parameter i carries (each becomes an
-    OPT_STATE placeholder shaped like the parameter); `scalar_names()` names the 0-dim inputs the
-    update reads (hyperparameters: OPT_STATE placeholders, so that a learning-rate schedule is a
-    new input value rather than a new graph). `update` writes the new parameters and state in
-    place, as torch.optim does; a gradient is None for a parameter the loss does not reach.
-    """
-
-    def state_names(self, index: int) -> tuple[str, ...]: ...
-
-    def scalar_names(self) -> tuple[str, ...]: ...
-
-    def update(
-        self,
-        params: Sequence[torch.Tensor],
-        grads: Sequence[torch.Tensor | None],
-        state: Sequence[Sequence[torch.Tensor]],
-        scalars: Sequence[torch.Tensor],
-    ) -> None: ...
-
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """The zoo's fixed optimizer: plain SGD (p -= lr g), or Adam at a fixed step count.
-
-    Its hyperparameters are constants of the graph and it has no scalar inputs: it describes one
-    step for analysis (`magis analyze`, `optimize`, `run` on the zoo). Training with a
-    `torch.optim` optimizer, a schedule and a real step count goes through `magis.compile`.
-    """
-
-    kind: str | None = "sgd"
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    step: int = 1
-
-    def state_names(self, index: int) -> tuple[str, ...]:
-        return ("exp_avg", "exp_avg_sq") if self.kind == "adam" else ()
-
-    def scalar_names(self) -> tuple[str, ...]:
-        return ()
-
-    def update(self, params, grads, state, scalars=()) -> None:
-        """Update `params` (and `state`) in place, as torch.optim would."""
-        with torch.no_grad():
-            for p, g, s in zip(params, grads, state, strict=True):
-                if g is None:
-                    continue
-                if self.kind == "sgd":
-                    p.sub_(g, alpha=self.lr)
-                elif self.kind == "adam":
-                    self._adam(p, g, *s)
-
-    def _adam(self, p, g, m, v) -> None:
-        b1, b2 = self.betas
-        c1, c2 = 1 - b1**self.step, 1 - b2**self.step
-        m.mul_(b1).add_(g, alpha=1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        denom = (v / c2).sqrt_().add_(self.eps)
-        p.addcdiv_(m, denom, value=-self.lr / c1)
-
-
 def training_step(
     model: torch.nn.Module,
     example_inputs: tuple | torch.Tensor,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     optimizer: str | None = "sgd",
     lr: float = 1e-3,
+    autocast: torch.dtype | None = None,
 ) -> Step:
     """Capture forward, backward and weight update of `model` as one Graph (the zoo's step).
 
     Without `loss_fn`, `model(*example_inputs)` must return the loss (a scalar tensor, or an
     output with `.loss`). With `loss_fn`, the first input is the model's input and
     `loss_fn(model(example_inputs[0]), *example_inputs)` is the loss (labels are the remaining
-    inputs). `optimizer` is "sgd", "adam" or None (then the gradients are outputs).
+    inputs). `optimizer` is "sgd", "adam", "adamw" or None (then the gradients are outputs).
+    With `autocast` (a dtype), the forward and the loss run under `torch.autocast` (a
+    `StepKind`'s precision, `magis.capture.step_kinds`); backward and update do not.
     Parameters and buffers may be real or fake; nothing is allocated either way.
     (`magis.compile` captures a user's `loss_fn(model, *batch)` and `torch.optim` optimizer.)
     """
     if optimizer not in OPTIMIZERS:
-        raise MagisError(f"unknown optimizer {optimizer!r}; use one of sgd, adam or None")
+        raise MagisError(f"unknown optimizer {optimizer!r}; use one of sgd, adam, adamw or None")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
@@ -311,7 +248,7 @@ def training_step(
         loss = lambda m, *data: loss_fn(m(data[0]), *data)  # noqa: E731
     return capture_training(
         model,
-        loss,
+        autocast_loss(loss, autocast),
         inputs,
         None if optimizer is None else OptimizerSpec(optimizer, lr),
         params=trained,

@@ -18,9 +18,10 @@ As the zoo's paper-size workloads (`magis.capture.steps.workload_step`), NAME ru
 `FakeTensorMode`: the model and batch are built at full size with nothing allocated, in the
 default dtype (`dtype=` sets it around the call: `module.to(torch.bfloat16)` does not work on
 fake parameters), with `torch.nn.init.trunc_normal_` made data-independent (`building.py`).
-The step captured is the zoo's: forward, backward and the zoo's update rule
-(`OptimizerSpec("sgd")`: p -= 1e-3 g, a constant of the graph), so a plan made for a file is
-made for the same kind of step as one made for a zoo workload. (`magis.compile` captures the
+The step captured is the zoo's: forward, backward and the zoo's update rule for the step kind
+(`--step`, `magis.capture.step_kinds.StepKind`: `sgd`, p -= 1e-3 g, a constant of the graph;
+or `adamw-bf16`), so a plan made for a file is made for the same kind of step as one made for
+a zoo workload. (`magis.compile` captures the
 user's own `torch.optim` optimizer; this is for analysis and planning from the command line.)
 
 A `--batch B` is handed to NAME as `batch=B` when NAME takes a `batch` parameter. `magis run`
@@ -55,7 +56,14 @@ from magis.capture.building import (
     default_dtype,
     small_constants_real,
 )
-from magis.capture.trace import OptimizerSpec, Step, capture_training
+from magis.capture.step_kinds import (
+    DEFAULT_STEP,
+    OptimizerSpec,
+    StepKind,
+    autocast_loss,
+    read_step_kind,
+)
+from magis.capture.trace import Step, capture_training
 from magis.errors import MagisError
 
 DEFAULT_FUNCTION = "factory"
@@ -364,18 +372,24 @@ def _own_loss(f: Factored, out: object) -> torch.Tensor:
     )
 
 
-def capture_factored(spec: ModelSpec, f: Factored, optimizer: str | None = "sgd") -> Step:
-    """The training step of a factory's model and batch: forward, loss, backward and the zoo's
-    update rule (`OptimizerSpec(optimizer)`; None: the gradients are outputs)."""
+def capture_factored(spec: ModelSpec, f: Factored, step: StepKind | str = DEFAULT_STEP) -> Step:
+    """The training step of a factory's model and batch: forward and loss (under the step
+    kind's autocast), backward and the step kind's update rule (`OptimizerSpec`)."""
+    kind = read_step_kind(step)
     trained = [n for n, p in f.model.named_parameters() if p.requires_grad]
     if not trained:
         raise ModelFileError(f"{spec.spec}: the model has no parameter that requires a gradient")
-    rule = None if optimizer is None else OptimizerSpec(optimizer)
+    rule = OptimizerSpec(kind.optimizer)
     failed_ops: list[str] = []
     try:
         with _fake_tensor_errors_kept(failed_ops):
             return capture_training(
-                f.model, _loss(f), f.data, rule, params=trained, data_names=list(f.names)
+                f.model,
+                autocast_loss(_loss(f), kind.autocast),
+                f.data,
+                rule,
+                params=trained,
+                data_names=list(f.names),
             )
     except ModelFileError:
         raise
@@ -403,7 +417,7 @@ def model_file_step(
     name: str,
     batch: int | None = None,
     dtype: torch.dtype | None = None,
-    optimizer: str | None = "sgd",
+    step: StepKind | str = DEFAULT_STEP,
     real: bool = False,
     seed: int = 0,
 ) -> tuple[UserModel, Step]:
@@ -414,5 +428,5 @@ def model_file_step(
     result = call_factory(spec, factory, batch=batch, dtype=dtype, real=real, seed=seed)
     factored = check_result(spec, result)
     with _folder_on_path(spec.path.resolve().parent):  # the forward may import lazily too
-        step = capture_factored(spec, factored, optimizer)
-    return _describe(spec, factored), step
+        captured = capture_factored(spec, factored, step)
+    return _describe(spec, factored), captured

@@ -25,9 +25,11 @@ from magis.cli.exits import ExitCode, Interrupted, check_input_file, exit_code_o
 from magis.cli.explain import explain_cmd
 from magis.cli.optimize import optimize_cmd
 from magis.cli.output import (
+    DEFAULT_STEP,
     HARDWARE_HELP,
     HardwareOpt,
     JsonOpt,
+    StepOpt,
     console,
     err_console,
     spinner,
@@ -115,6 +117,7 @@ def analyze_cmd(
     max_level: Annotated[int, typer.Option("--max-level", help="Alg. 1's L.", min=1)] = 4,
     export_trace: TraceOpt = None,
     export_snapshot: SnapshotOpt = None,
+    step: StepOpt = DEFAULT_STEP,
     json_path: JsonOpt = None,
 ) -> None:
     """Capture a workload's training step and show its memory and time profile."""
@@ -131,6 +134,7 @@ def analyze_cmd(
             max_level=max_level,
             export_trace=export_trace,
             export_snapshot=export_snapshot,
+            step=step,
         )
     show_analysis(rep)
     if rep.ftree is not None:
@@ -185,6 +189,7 @@ def run_cmd(
     parts: Annotated[
         int, typer.Option("--parts", help="Fission number n of the enabled nodes.")
     ] = 2,
+    step: StepOpt = DEFAULT_STEP,
     json_path: JsonOpt = None,
 ) -> None:
     """Execute a :tiny or :small workload as generated code; verify it and measure its peak.
@@ -211,7 +216,15 @@ def run_cmd(
         if plan is not None:
             rep = run_plan(workload, plan, cost, progress, device=dev)
         else:
-            rep = run(workload, cost, progress=progress, fission=nodes, parts=parts, device=dev)
+            rep = run(
+                workload,
+                cost,
+                progress=progress,
+                fission=nodes,
+                parts=parts,
+                device=dev,
+                step=step,
+            )
     show_run(rep)
     for f in rep.fission or []:
         console.print(

@@ -11,8 +11,10 @@ from rich.table import Table
 
 from magis.cli.exits import Interrupted, UsageError, check_output_folder, check_positive
 from magis.cli.output import (
+    DEFAULT_STEP,
     HardwareOpt,
     JsonOpt,
+    StepOpt,
     console,
     err_console,
     progress_bar,
@@ -142,6 +144,7 @@ def bench_compare_cmd(
     ] = "vit",
     jobs: JobsOpt = 1,
     ray: RayOpt = None,
+    step: StepOpt = DEFAULT_STEP,
     json_path: JsonOpt = None,
 ) -> None:
     """MAGIS and every baseline under latency limits 1.05/1.10 and memory limits 0.8/0.4, Pareto
@@ -160,6 +163,7 @@ def bench_compare_cmd(
         time_budget=time_budget,
         out=out,
         microbatch=scope,
+        step=step,
     )
     runner = _runner(jobs, ray)
     with progress_bar("compare") as progress:
@@ -223,6 +227,7 @@ def bench_corpus_cmd(
             "--workers", min=1, help="Worker processes of each search (as magis optimize's)."
         ),
     ] = 1,
+    step: StepOpt = DEFAULT_STEP,
     json_path: JsonOpt = None,
 ) -> None:
     """MAGIS and the best baseline on every public corpus model (magis workloads --corpus)
@@ -246,6 +251,7 @@ def bench_corpus_cmd(
         methods=_split_names(methods),
         out=out,
         workers=workers,
+        step=step,
     )
     runner = _runner(jobs, ray)
     with progress_bar("corpus") as progress:

@@ -32,9 +32,11 @@ from magis.cli.exits import (
     deferred_interrupt,
 )
 from magis.cli.output import (
+    DEFAULT_STEP,
     Activity,
     HardwareOpt,
     JsonOpt,
+    StepOpt,
     console,
     err_console,
     showing,
@@ -137,6 +139,7 @@ def optimize_cmd(
             help="The --workers as Ray actors: local, auto or HOST:PORT (pip install 'magis\\[ray]').",
         ),
     ] = None,
+    step: StepOpt = DEFAULT_STEP,
     json_path: JsonOpt = None,
 ) -> None:
     """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
@@ -166,6 +169,7 @@ def optimize_cmd(
                 limit,
                 hardware=hardware,
                 memory_figure=memory_figure,
+                step=step,
                 progress=progress,
             )
         plan = _search_live(workload, setup, options, keeper)

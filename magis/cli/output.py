@@ -28,6 +28,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.spinner import Spinner
 
+from magis.capture.step_kinds import DEFAULT_STEP, STEP_NAMES, StepKind
 from magis.cli.exits import check_output_path, deferred_interrupt
 
 # Output that is not a terminal (a pipe, a CI log) has no width: rich assumes 80 columns, where
@@ -59,6 +60,16 @@ JsonOpt = Annotated[
 ]
 HARDWARE_HELP = "rtx3090, a100, h100 (roofline), or cpu, cuda (profiled on this machine)."
 HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help=HARDWARE_HELP)]
+# The training step a command captures (issue 42); typer reads the names off StepKind, so an
+# unknown one is a usage error before any work. Commands default to DEFAULT_STEP.
+StepOpt = Annotated[
+    StepKind,
+    typer.Option(
+        "--step",
+        help=f"The training step: {' or '.join(STEP_NAMES)} (default {DEFAULT_STEP.value}).",
+        show_default=False,
+    ),
+]
 
 
 def gib(n: int | float) -> str:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from magis.analyze import FTree, build_ftree
-from magis.capture import Step, workload_step
+from magis.capture import DEFAULT_STEP, Step, StepKind, workload_step
 from magis.commands.shared import Progress, prepare_cost, silent
 from magis.cost import CostModel
 from magis.ir import Graph, PlaceholderKind
@@ -100,24 +100,25 @@ def analyze(
     max_level: int = 4,
     export_trace: Path | None = None,
     export_snapshot: Path | None = None,
+    step: StepKind | str = DEFAULT_STEP,
 ) -> AnalyzeReport:
     """Capture workload `workload` (paper size unless `:tiny`/`:small`) and analyze it; with
     `ftree`, also build its F-Tree (MAGIS Alg. 1, max-level `max_level`); with `export_trace`
     or `export_snapshot`, write its schedule there (`magis.commands.export`)."""
     progress("capturing")
     start = time.perf_counter()
-    _, step = workload_step(workload, batch)
-    rep = analyze_step(step, workload, hardware, progress, time.perf_counter() - start)
+    _, captured = workload_step(workload, batch, step=step)
+    rep = analyze_step(captured, workload, hardware, progress, time.perf_counter() - start)
     if export_trace is not None or export_snapshot is not None:
         from magis.commands.export import export_timelines
 
-        cost = prepare_cost(hardware, step.graph, progress)
-        export_timelines(step.graph, cost, export_trace, export_snapshot, progress)
+        cost = prepare_cost(hardware, captured.graph, progress)
+        export_timelines(captured.graph, cost, export_trace, export_snapshot, progress)
     if not ftree:
         return rep
     progress("building the F-Tree")
     t0 = time.perf_counter()
-    graph, tree = fission_tree(step, max_level)
+    graph, tree = fission_tree(captured, max_level)
     seconds = time.perf_counter() - t0
     return replace(
         rep, ftree=ftree_rows(graph, tree), ftree_seconds=seconds, seconds=rep.seconds + seconds

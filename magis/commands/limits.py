@@ -154,19 +154,24 @@ def read_search_limit(
     return SearchLimit(Mode.LATENCY_LIMIT, read_latency_limit(lat_limit))
 
 
-def check_memory_reachable(limit_bytes: float, text: str, base: SimResult) -> None:
-    """Refuse a memory limit at or below the resident bytes of the program order.
+def check_memory_reachable(
+    limit_bytes: float, text: str, base: SimResult, movable: int = 0
+) -> None:
+    """Refuse a memory limit at or below the resident bytes of the program order that no rule
+    moves off the device.
 
     The bound: the placeholders (weights, buffers, optimizer state, inputs) are resident from
     the first step to the last in every schedule (`magis.sim`), and no rule removes or moves
-    them (swapping stores only tensors the program makes, `magis.rules.swap`), so every plan's
-    peak - under either memory figure - is at least their bytes, plus the output of whichever
-    op runs at the peak."""
-    resident = base.resident_bytes
+    them (swapping stores only tensors the program makes, `magis.rules.swap`) except the
+    `movable` bytes of optimizer state that offloading keeps on the host
+    (`magis.rules.offload`), so every plan's peak - under either memory figure - is at least
+    the rest, plus the output of whichever op runs at the peak."""
+    resident = base.resident_bytes - movable
     if limit_bytes <= resident:
         raise LimitError(
             f"memory limit {text} ({_size(limit_bytes)}) cannot be met: the weights, buffers, "
-            f"optimizer state and inputs stay resident throughout and take {_size(resident)} "
+            f"inputs and optimizer state no rule offloads stay resident throughout and take "
+            f"{_size(resident)} "
             f"({resident / base.peak_bytes:.3f} of the program order's peak); give more than that"
         )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from magis.capture import Step, training_step, workload_step
+from magis.capture import DEFAULT_STEP, Step, StepKind, read_step_kind, training_step, workload_step
 from magis.commands.limits import (
     SearchLimit,
     check_latency_reachable,
@@ -33,6 +33,7 @@ from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
 from magis.errors import MagisError, deferred_interrupt
 from magis.plan import Plan, PlanSummary, check_plan_graph
+from magis.rules.offload import offloadable_bytes
 from magis.search import (
     TIME_BUDGET_S,
     Improvement,
@@ -61,6 +62,7 @@ class SearchSetup:
     base: SimResult  # the program order, its peak counted by `figure`
     objective: Objective
     workload: str | None = None
+    step_kind: StepKind = DEFAULT_STEP  # what `workload` was captured as
 
     def memory_ratio(self, memory: int) -> float:
         return memory / self.base.peak_bytes
@@ -104,7 +106,8 @@ def _setup(
     written = limit.limit
     if limit.mode is Mode.MEMORY_LIMIT:
         limit_bytes = int(written.resolve(base.peak_bytes))
-        check_memory_reachable(limit_bytes, written.text, base)
+        movable = offloadable_bytes(step.graph)
+        check_memory_reachable(limit_bytes, written.text, base, movable)
         objective = Objective(Mode.MEMORY_LIMIT, limit_bytes)
     else:
         limit_s = written.resolve(base.latency_s)
@@ -120,13 +123,20 @@ def setup_workload_search(
     lat_limit: str | float | None = None,
     hardware: str | CostModel = "rtx3090",
     memory_figure: str | MemoryFigure = "theoretical",
+    step: StepKind | str = DEFAULT_STEP,
     progress: Progress = silent,
 ) -> SearchSetup:
-    """Capture `workload` (`:tiny` in float64, so that its plans verify tightly) and prepare its
-    search; limits that cannot be read, figures and hardware fail before the capture."""
+    """Capture `workload`'s `step` (`:tiny` in float64 where the step kind allows it, so that
+    its plans verify tightly) and prepare its search; limits that cannot be read, figures,
+    step kinds and hardware fail before the capture."""
     limit = read_search_limit(mem_limit, lat_limit)
     return prepare_workload_search(
-        workload, limit, hardware=hardware, memory_figure=memory_figure, progress=progress
+        workload,
+        limit,
+        hardware=hardware,
+        memory_figure=memory_figure,
+        step=step,
+        progress=progress,
     )
 
 
@@ -136,15 +146,17 @@ def prepare_workload_search(
     *,
     hardware: str | CostModel = "rtx3090",
     memory_figure: str | MemoryFigure = "theoretical",
+    step: StepKind | str = DEFAULT_STEP,
     progress: Progress = silent,
 ) -> SearchSetup:
     """`setup_workload_search` with its limit already read: `magis optimize` reads it once,
     naming its flags in any error (`read_search_limit`), and hands it here."""
     figure = parse_memory_figure(memory_figure)
+    kind = read_step_kind(step)
     cost = cost_model(hardware)
     progress("capturing")
-    _, step = workload_step(workload, float64_when_tiny=True)
-    return _setup(step, limit, cost, figure, workload, progress)
+    _, captured = workload_step(workload, step=kind, float64_when_tiny=True)
+    return replace(_setup(captured, limit, cost, figure, workload, progress), step_kind=kind)
 
 
 def find_plan(
@@ -243,6 +255,8 @@ def plan_from_search(result: SearchResult, setup: SearchSetup, wall_seconds: flo
         memory_figure=setup.figure.value,
         wall_seconds=wall_seconds,
         decisions=full_trail(base, result.initial.sim, best.sim, best.decisions, best.history),
+        step=setup.step_kind.value,
+        resident_bytes=base.resident_bytes,
     )
     return Plan(best.graph, list(best.order), summary, setup.step)
 

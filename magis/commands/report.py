@@ -100,7 +100,7 @@ def program_graph(plan: Plan, progress: Progress = silent) -> Graph | None:
     if plan.summary.workload is None:
         return None
     progress("capturing the program order")
-    _, step = workload_step(plan.summary.workload, float64_when_tiny=True)
+    _, step = workload_step(plan.summary.workload, step=plan.summary.step, float64_when_tiny=True)
     try:
         plan.check_matches(step)
     except PlanError:

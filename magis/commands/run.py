@@ -12,7 +12,7 @@ import torch
 
 from magis.analyze import FTree
 from magis.backend import compile_program
-from magis.capture import Step, workload_step
+from magis.capture import DEFAULT_STEP, Step, StepKind, workload_step
 from magis.commands.analyze import fission_tree
 from magis.commands.device import check_device, check_fits
 from magis.commands.shared import Progress, prepare_cost, silent, verify_and_measure
@@ -102,9 +102,10 @@ def run(
     fission: Sequence[int] | None = None,
     parts: int = 2,
     device: torch.device | str = "cpu",
+    step: StepKind | str = DEFAULT_STEP,
 ) -> RunReport:
-    """Capture a `:tiny` or `:small` workload with real tensors, execute it on `device` and
-    verify it.
+    """Capture a `:tiny` or `:small` workload's `step` with real tensors, execute it on
+    `device` and verify it.
 
     Tiny workloads run in float64 so that verification can be tight (DESIGN principle 1).
     With `fission`, the F-Tree nodes of those indices (`magis analyze W --ftree`) are enabled
@@ -114,10 +115,10 @@ def run(
     device = check_device(device)
     check_fits(workload, device, progress, dtype)
     progress("capturing")
-    _, step = workload_step(workload, dtype=dtype, real=True, float64_when_tiny=True)
+    _, captured = workload_step(workload, dtype=dtype, step=step, real=True, float64_when_tiny=True)
     if fission:
-        return run_fission(step, workload, fission, parts, hardware, progress, device)
-    return run_step(step, workload, hardware, progress=progress, device=device)
+        return run_fission(captured, workload, fission, parts, hardware, progress, device)
+    return run_step(captured, workload, hardware, progress=progress, device=device)
 
 
 def run_plan(
@@ -134,7 +135,8 @@ def run_plan(
     plan = Plan.load(plan_path)
     check_fits(workload, device, progress)
     progress("capturing")
-    _, step = workload_step(workload, real=True, float64_when_tiny=True)
+    # the step the plan was made for (its summary says which kind)
+    _, step = workload_step(workload, step=plan.summary.step, real=True, float64_when_tiny=True)
     plan.check_matches(step)
     return run_step(
         step,

@@ -48,10 +48,28 @@ def float_dtype(step: Step) -> torch.dtype:
     return torch.get_default_dtype()
 
 
+def narrowest_float_dtype(step: Step) -> torch.dtype:
+    """The least precise floating dtype the step computes in: an autocast step's bfloat16
+    (`magis.capture.StepKind`), though its weights are float32."""
+    g = step.graph
+    dtypes = {m.torch_dtype for n in g.nodes.values() for m in n.outputs}
+    floating = [d for d in dtypes if d.is_floating_point]
+    return max(floating, key=lambda d: torch.finfo(d).eps, default=float_dtype(step))
+
+
+# A 16-bit float rounds to 2**-8 (bfloat16) or 2**-10 (float16) of a value: a plan that splits a
+# sum (fission) or re-associates it rounds differently from eager in a few places, each some
+# units of that, before AdamW normalizes the update.
+REDUCED_PRECISION_TOLERANCE = 2e-2
+
+
 def default_tolerance(dtype: torch.dtype) -> float:
     """Relative error allowed against eager PyTorch: float64 steps differ only by the order of
-    their sums, float32 ones by 1e-4 after a whole training step."""
-    return 1e-9 if dtype == torch.float64 else 1e-4
+    their sums, float32 ones by 1e-4 after a whole training step, a step computing in a 16-bit
+    float by `REDUCED_PRECISION_TOLERANCE`."""
+    if dtype == torch.float64:
+        return 1e-9
+    return 1e-4 if torch.finfo(dtype).bits >= 32 else REDUCED_PRECISION_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ def verify_and_measure(
         step = replace(step, constants=constants)
     inputs = [t.to(device) for t in step.make_inputs(seed=seed)]
     dtype = float_dtype(step)
-    tol = tolerance if tolerance is not None else default_tolerance(dtype)
+    tol = tolerance if tolerance is not None else default_tolerance(narrowest_float_dtype(step))
     progress("verifying against eager PyTorch")
     check = verify(step, program, inputs, tolerance=tol, seed=seed)
     progress("measuring")

@@ -46,6 +46,7 @@ from magis.rules.ftree_moves import (
     mutations,
 )
 from magis.rules.mincut_remat import MINCUT_REMAT
+from magis.rules.offload import OFFLOAD_STATE, RESTORE_STATE
 from magis.rules.relax import RELAX
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
@@ -58,9 +59,11 @@ __all__ = [
     "DESWAP",
     "FTREE_MUTATIONS",
     "MINCUT_REMAT",
+    "OFFLOAD_STATE",
     "RELAX",
     "REMAT",
     "REMAT_TO_SWAP",
+    "RESTORE_STATE",
     "RULE_CATALOG",
     "SWAP",
     "TASO_RULES",

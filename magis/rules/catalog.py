@@ -16,6 +16,7 @@ from magis.ir.trail import DecisionKind
 from magis.rules.base import Rule, RuleKind
 from magis.rules.compact import COMPACT, DECOMPACT
 from magis.rules.mincut_remat import MINCUT_REMAT
+from magis.rules.offload import OFFLOAD_STATE, RESTORE_STATE
 from magis.rules.relax import RELAX
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
@@ -63,6 +64,10 @@ RULE_CATALOG: tuple[CatalogEntry, ...] = (
     CatalogEntry(DECOMPACT, dual=COMPACT.name),
     # Its recomputed copies are duplicates that re-materialization's dual merges back.
     CatalogEntry(MINCUT_REMAT, dual=DEREMAT.name),
+    # Optimizer state kept on the host between steps (issue 42): last, so that the search's
+    # order of the rules before it, and its results on steps without state, are unchanged.
+    CatalogEntry(OFFLOAD_STATE, dual=RESTORE_STATE.name, fuzz_round=3),
+    CatalogEntry(RESTORE_STATE, dual=OFFLOAD_STATE.name, fuzz_round=3),
 )
 
 # What undoes a kind of rewrite: the fuzzer tries it right after that kind, so that chains also

@@ -32,7 +32,7 @@ from magis.ir.storage import StorageMap
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
 from magis.rules.duplicates import DuplicateScan, recompute_call
 from magis.rules.remat import merge_into
-from magis.rules.swap import unswap_all_into
+from magis.rules.swap import is_swap_load, unswap_all_into
 from magis.sim.tables import node_times, tables
 
 MIN_UNDOS = 2  # one undo alone is the plain duals' move
@@ -120,7 +120,7 @@ def swap_undos(ctx: RuleContext, times: np.ndarray) -> list[Undo]:
     undos = []
     loads = (n for n in tables(graph).copy_nodes if graph.node(n).op == LOAD_OP)
     for load in sorted(loads, key=pos.__getitem__):  # the tables' set: no scan of the order
-        if load in ctx.frozen:
+        if load in ctx.frozen or not is_swap_load(graph, load):
             continue
         store = graph.node(load).inputs[0].node
         storage = smap.base[graph.node(store).inputs[0]]

@@ -74,6 +74,12 @@ def unswap_all_into(g: Graph, loads: list[int]) -> tuple[set[int], set[int]]:
     return changed - removed, removed
 
 
+def is_swap_load(graph: Graph, load: int) -> bool:
+    """Whether `load` brings back a tensor a Store swapped out (not offloaded optimizer state,
+    which a Load reads from its placeholder: `magis.rules.offload`)."""
+    return graph.node(graph.node(load).inputs[0].node).op == STORE_OP
+
+
 def _stored_value(graph: Graph, load: int) -> Ref:
     """The tensor a Load brings back: what its Store reads."""
     return graph.node(graph.node(load).inputs[0].node).inputs[0]
@@ -83,7 +89,7 @@ def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
     """For each repeated kind of swapped tensor, every swap of that kind dropped at once;
     then one rewrite per Load."""
     graph = ctx.graph
-    loads = [n for n in ctx.nodes_of(LOAD_OP) if n not in ctx.frozen]
+    loads = [n for n in ctx.nodes_of(LOAD_OP) if n not in ctx.frozen and is_swap_load(graph, n)]
     yield from kind_rewrites(
         graph, loads, lambda n: _stored_value(graph, n), "deswap", RuleKind.DESWAP,
         lambda grp: f"drop the {len(grp)} swaps like "

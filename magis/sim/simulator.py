@@ -209,10 +209,12 @@ def _live_bytes(alloc: np.ndarray, free: np.ndarray, nbytes: np.ndarray, n: int)
 
 
 def _host_peak(t: Tables, alloc: np.ndarray, free: np.ndarray, n: int) -> int:
+    """Stored tensors at their peak, plus the placeholders kept on the host all step long."""
     stored = np.flatnonzero(t.host_bytes)
     if not len(stored):
-        return 0
-    return int(_live_bytes(alloc[stored], free[stored], t.host_bytes[stored], n).max())
+        return t.host_resident_bytes
+    live = _live_bytes(alloc[stored], free[stored], t.host_bytes[stored], n)
+    return int(live.max()) + t.host_resident_bytes
 
 
 def simulate(

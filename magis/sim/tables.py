@@ -40,10 +40,16 @@ class Tables:
     is_output: np.ndarray
     outputs: frozenset[Ref]  # the StorageMap's output storages these rows were marked from
     resident: frozenset[Ref]
-    resident_bytes: int
+    resident_bytes: int  # placeholders the device holds for the whole step
     resident_by_kind: dict[PlaceholderKind, int]
     id_bound: int  # above every node id
     copy_nodes: frozenset[int]  # Store and Load nodes
+    # Placeholders the device never holds between steps: read only by Loads, written only by a
+    # Store (offloaded optimizer state, `magis.rules.offload`). They live in host memory for
+    # the whole step, counted there, not in `resident_bytes`; each Load's copy is a device
+    # storage like any other.
+    host_resident: frozenset[Ref] = frozenset()
+    host_resident_bytes: int = 0
 
 
 _TABLES: DerivedKey[Tables] = DerivedKey("sim.tables")
@@ -79,10 +85,8 @@ def _build(graph: Graph) -> Tables:
         for reader in readers[s]:
             rs.append(i)
             rn.append(reader)
-    resident_by: dict[PlaceholderKind, int] = {}
-    for s in smap.resident:
-        kind = graph.node(s.node).placeholder_kind
-        resident_by[kind] = resident_by.get(kind, 0) + smap.nbytes[s]
+    on_host = host_resident(graph, smap, graph.copy_nodes())
+    resident_by = _resident_by_kind(graph, smap, on_host)
     sizes = np.array([b for _, b in sized], dtype=np.int64)
     host = np.array([s in smap.host for s in storages], dtype=bool)
     return Tables(
@@ -96,11 +100,32 @@ def _build(graph: Graph) -> Tables:
         is_output=np.array([s in smap.outputs for s in storages], dtype=bool),
         outputs=smap.outputs,
         resident=smap.resident,
-        resident_bytes=sum(smap.nbytes[s] for s in smap.resident),
+        resident_bytes=sum(resident_by.values()),
         resident_by_kind=resident_by,
         id_bound=graph.next_id,
         copy_nodes=graph.copy_nodes(),
+        host_resident=on_host,
+        host_resident_bytes=sum(smap.nbytes[s] for s in on_host),
     )
+
+
+def host_resident(graph: Graph, smap: StorageMap, copies: frozenset[int]) -> frozenset[Ref]:
+    """The placeholders' storages that live in host memory (see `Tables.host_resident`): the
+    inputs of Loads (found from the copy nodes, a few hundred at most, not by a scan of the
+    graph) whose every reader is a Load. Only offloading makes a Load of a placeholder, and it
+    makes the placeholder's update write into a device copy that a Store writes back."""
+    nodes = graph.nodes
+    found = set()
+    for c in copies:
+        node = nodes[c]
+        if node.op != LOAD_OP or not nodes[node.inputs[0].node].is_placeholder:
+            continue
+        s = smap.base[node.inputs[0]]
+        if s not in smap.resident or s in found:
+            continue
+        if all(nodes[r].op == LOAD_OP for r in smap.readers[s]):
+            found.add(s)
+    return frozenset(found)
 
 
 def _objects(items: list) -> np.ndarray:
@@ -173,6 +198,12 @@ def _derive_tables(
         readers = smap.readers[s]
         reader_storage.append(np.full(len(readers), r, dtype=np.int64))
         reader_node.append(np.asarray(readers, dtype=np.int64))
+    copies = _derive_copy_nodes(t.copy_nodes, child, added, removed)
+    on_host = host_resident(child, smap, copies) if copies or t.host_resident else frozenset()
+    if on_host != t.host_resident:
+        resident_by = _resident_by_kind(child, smap, on_host)
+    else:
+        resident_by = t.resident_by_kind
     if smap.outputs == t.outputs:
         is_output = np.concatenate([t.is_output[keep], [s in smap.outputs for s in appended]])
     else:
@@ -188,11 +219,24 @@ def _derive_tables(
         is_output=is_output.astype(bool),
         outputs=smap.outputs,
         resident=resident,
-        resident_bytes=t.resident_bytes,
-        resident_by_kind=t.resident_by_kind,
+        resident_bytes=sum(resident_by.values()),
+        resident_by_kind=resident_by,
         id_bound=child.next_id,
-        copy_nodes=_derive_copy_nodes(t.copy_nodes, child, added, removed),
+        copy_nodes=copies,
+        host_resident=on_host,
+        host_resident_bytes=sum(smap.nbytes[s] for s in on_host),
     )
+
+
+def _resident_by_kind(
+    graph: Graph, smap: StorageMap, on_host: frozenset[Ref]
+) -> dict[PlaceholderKind, int]:
+    """The device-resident bytes per kind of placeholder (those on the host left out)."""
+    out: dict[PlaceholderKind, int] = {}
+    for s in smap.resident - on_host:
+        kind = graph.node(s.node).placeholder_kind
+        out[kind] = out.get(kind, 0) + smap.nbytes[s]
+    return out
 
 
 # Keys looked for one by one below this many: each is a compare over the rows, where `np.isin`

@@ -106,3 +106,35 @@ def test_unknown_model_or_size_fails_before_any_work(tmp_path):
     with pytest.raises(BenchError, match="size"):
         run_corpus(CorpusOptions(("gpt2",), "small", out=tmp_path))
     assert not (tmp_path / "results.json").exists()
+
+
+def test_adamw_bf16_step_with_the_resident_floor_beside_each_ratio(tmp_path):
+    """`--step adamw-bf16` (issue 42): the floor (weights, AdamW state, inputs) is reported per
+    model, and the part of each peak above it beside the memory ratio."""
+    from magis.cli import app
+
+    out, js = tmp_path / "out", tmp_path / "corpus.json"
+    args = ["bench", "corpus", "--size", "tiny", "--models", "gpt2", "--methods", "pytorch",
+            "--max-states", "3", "--step", "adamw-bf16", "--out", str(out), "--json", str(js)]  # fmt: skip
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    data = json.loads(js.read_text())
+    assert data["step"] == "adamw-bf16"
+    (model,) = data["models"]
+    floor = model["resident_bytes"] / model["program_peak_bytes"]
+    assert 0 < floor < 1
+    lat = model["constraints"][0]
+    assert lat["resident_floor_ratio"] == pytest.approx(floor)
+    above = (lat["memory_ratio"] - floor) / (1 - floor)
+    assert lat["memory_above_floor_ratio"] == pytest.approx(above)
+    table = (out / "table.md").read_text()
+    assert "adamw-bf16 step" in table and f"| {floor:.3f} |" in table
+    assert f"{lat['memory_ratio']:.3f} [{above:.3f}]" in table
+
+
+def test_an_unknown_step_is_a_usage_error(tmp_path):
+    from magis.cli import app
+
+    args = ["bench", "corpus", "--size", "tiny", "--step", "adam", "--out", str(tmp_path)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "adamw-bf16" in res.output

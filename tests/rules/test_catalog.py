@@ -12,9 +12,11 @@ from magis.rules import (
     DEREMAT,
     DESWAP,
     MINCUT_REMAT,
+    OFFLOAD_STATE,
     RELAX,
     REMAT,
     REMAT_TO_SWAP,
+    RESTORE_STATE,
     RULE_CATALOG,
     SWAP,
     TASO_RULES,
@@ -29,7 +31,12 @@ from magis.rules import (
 from magis.search import default_rules
 
 # Pairs whose rules each undo the other (MAGIS §5.2, Fig. 8).
-MUTUAL = {("remat", "deremat"), ("swap", "deswap"), ("compact", "decompact")}
+MUTUAL = {
+    ("remat", "deremat"),
+    ("swap", "deswap"),
+    ("compact", "decompact"),
+    ("offload_state", "restore_state"),  # issue 42
+}
 
 
 def test_every_rule_is_listed_once_with_a_kind():
@@ -79,6 +86,8 @@ def test_the_search_applies_the_catalog_in_its_order():
         COMPACT,
         DECOMPACT,
         MINCUT_REMAT,
+        OFFLOAD_STATE,  # last: steps without optimizer state keep their fingerprints
+        RESTORE_STATE,
     )  # the order the search's fingerprints were recorded with
 
 
@@ -97,4 +106,4 @@ def test_the_fuzzer_draws_the_catalog_by_round():
         MINCUT_REMAT,
     )
     assert first_runs == FIRST_RULES
-    assert all_rules() == (*FIRST_RULES, REMAT_TO_SWAP, RELAX)
+    assert all_rules() == (*FIRST_RULES, REMAT_TO_SWAP, RELAX, OFFLOAD_STATE, RESTORE_STATE)
