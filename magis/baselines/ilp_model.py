@@ -249,6 +249,10 @@ class Model:
 
     def _run(self, seconds: float, workers: int) -> tuple[cp_model.CpSolver, Status]:
         solver = cp_model.CpSolver()
+        # CP-SAT's own SIGINT handler is left as SIG_DFL after a solve: a later Ctrl-C then
+        # kills the process instead of raising KeyboardInterrupt (no plan saved). Ctrl-C
+        # during a solve is Python's to handle once the solve returns.
+        solver.parameters.catch_sigint_signal = False
         if workers <= 0:
             solver.parameters.max_deterministic_time = max(seconds, 0.1)
             solver.parameters.num_workers = 1

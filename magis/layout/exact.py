@@ -199,6 +199,10 @@ def _cp_sat(size, start, end, obstacles: Boxes, floor, hint, upper, effort, time
     model.AddNoOverlap2D(xs, ys)
     model.Minimize(height)
     solver = cp_model.CpSolver()
+    # CP-SAT's own SIGINT handler is left as SIG_DFL after a solve: a later Ctrl-C then
+    # kills the process instead of raising KeyboardInterrupt (no plan saved). Ctrl-C
+    # during a solve is Python's to handle once the solve returns.
+    solver.parameters.catch_sigint_signal = False
     solver.parameters.num_workers = 1
     solver.parameters.max_deterministic_time = effort
     solver.parameters.max_time_in_seconds = time_limit
