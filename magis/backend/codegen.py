@@ -62,7 +62,18 @@ class Names:
 
     def __init__(self, graph: Graph, order: list[int]) -> None:
         # Names the generated code uses besides the values' (`float` spells inf and nan).
-        taken = {"torch", "aten", "c10d", "device", "program", "store", "load", "ready", "arena", "float"}
+        taken = {
+            "torch",
+            "aten",
+            "c10d",
+            "device",
+            "program",
+            "store",
+            "load",
+            "ready",
+            "arena",
+            "float",
+        }
         self._names: dict[Ref, str] = {}
         for nid in order:
             node = graph.node(nid)

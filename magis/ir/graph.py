@@ -47,7 +47,6 @@ T = TypeVar("T")
 
 _TOPO: DerivedKey[list[int]] = DerivedKey("ir.topological_order")
 _COPY_NODES: DerivedKey[frozenset[int]] = DerivedKey("ir.copy_nodes")
-_COMM_NODES: DerivedKey[frozenset[int]] = DerivedKey("ir.comm_nodes")
 _STORAGES: DerivedKey[StorageMap] = DerivedKey("ir.storages")
 _PLACEHOLDERS: DerivedKey[list[int]] = DerivedKey("ir.placeholders")
 
@@ -443,15 +442,6 @@ class Graph:
             return frozenset(n for n, node in self._nodes.items() if node.op in (STORE_OP, LOAD_OP))
 
         return self.derived(_COPY_NODES, build)
-
-    def comm_nodes(self) -> frozenset[int]:
-        """The collectives (the communication stream's), once per graph version."""
-
-        def build() -> frozenset[int]:
-            lookup = self.registry.lookup
-            return frozenset(n for n, node in self._nodes.items() if lookup(node.op).comm_stream)
-
-        return self.derived(_COMM_NODES, build)
 
     def storages(self) -> StorageMap:
         """Storage and alias bookkeeping for the current version (see `StorageMap`)."""

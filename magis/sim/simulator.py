@@ -31,6 +31,7 @@ import numpy as np
 if TYPE_CHECKING:
     from magis.cost import CostModel
 from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
+from magis.ir.collectives import comm_nodes
 from magis.sim.tables import Tables, node_times, tables
 
 
@@ -287,7 +288,7 @@ def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float,
     """(makespan, busy compute seconds, busy copy seconds, busy communication seconds)."""
     times = node_times(graph, cost)
     copies = tables(graph).copy_nodes
-    comms = graph.comm_nodes()
+    comms = comm_nodes(graph)
     copy_s = _busy(times, copies)
     comm_s = _busy(times, comms)
     ids = _as_ids(order)

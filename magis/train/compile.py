@@ -50,9 +50,9 @@ from magis.capture.collectives import (
     check_collectives,
 )
 from magis.capture.trace import Step, capture_training, loss_of
-from magis.cost.links import Interconnect, get_link
 from magis.commands.optimize import optimize
 from magis.cost import get_cost_model
+from magis.cost.links import Interconnect, get_link
 from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan

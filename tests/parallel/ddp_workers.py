@@ -111,7 +111,11 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
     torch.manual_seed(0)
     model = Net().double()
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
-    mine = plan.replace(".json", f"{rank}.json") if os.path.exists(plan.replace(".json", f"{rank}.json")) else plan
+    mine = (
+        plan.replace(".json", f"{rank}.json")
+        if os.path.exists(plan.replace(".json", f"{rank}.json"))
+        else plan
+    )
     try:
         magis.compile(
             model,
