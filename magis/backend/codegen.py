@@ -25,7 +25,7 @@ from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP, out_overload
-from magis.ir.schema import IDENTIFIER, check_node, shown
+from magis.ir.schema import IDENTIFIER, check_node, check_op, shown
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Names:
         taken = {
             "torch",
             "aten",
+            "c10d",
             "device",
             "program",
             "store",
@@ -171,11 +172,13 @@ def _drawn_as_cuda_dropout(x: str, keep: float, dtype: torch.dtype) -> str:
 
 
 def _callee(overload: torch._ops.OpOverload) -> str:
-    """'aten.mm.default', spelled from the resolved overload (not from the graph's string)."""
+    """'aten.mm.default', spelled from the resolved overload (not from the graph's string); a
+    functional collective is 'c10d.all_reduce.default' (torch.ops._c10d_functional)."""
     packet, name = overload.overloadpacket.__name__, overload._overloadname
     if not (IDENTIFIER.fullmatch(packet) and IDENTIFIER.fullmatch(name)):
         raise UnsupportedOpError(f"cannot call the operator {shown(str(overload))} by name")
-    return f"aten.{packet}.{name}"
+    namespace = "c10d" if overload.namespace == "_c10d_functional" else "aten"
+    return f"{namespace}.{packet}.{name}"
 
 
 def _last_uses(graph: Graph, order: list[int]) -> dict[int, list[Ref]]:
@@ -219,7 +222,8 @@ def generate(
         if node.op == LOAD_OP:
             pending_loads.add(Ref(nid))
         outs = [names[Ref(nid, i)] for i in range(len(node.outputs))]
-        target = outs[0] if len(outs) == 1 else ", ".join(outs)
+        target = outs[0] if len(outs) == 1 and not _returns_list(node) else ", ".join(outs)
+        target += "," if len(outs) == 1 and _returns_list(node) else ""
         line = f"    {target} = {call_source(graph, nid, names, device_type)}"
         if dropped.get(nid):
             line += ";  " + " = ".join(sorted(names[r] for r in dropped[nid])) + " = None"
@@ -227,6 +231,14 @@ def generate(
     results = [names[r] for r in graph.outputs]
     lines.append(f"    return ({', '.join(results)}{',' if len(results) == 1 else ''})")
     return "\n".join(lines) + "\n"
+
+
+def _returns_list(node) -> bool:
+    """The op returns a list (split_with_sizes, unbind): one output is unpacked as `x, = ...`,
+    not bound to the list (a gradient bucket of one tensor splits into one part)."""
+    overload = check_op(node.op, node.name)
+    returns = overload._schema.returns if overload is not None else ()
+    return len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
 
 
 def compile_program(graph: Graph, order: list[int], device: torch.device | str = "cpu") -> Program:
@@ -245,6 +257,7 @@ def program_from_source(
     scope = {
         "torch": torch,
         "aten": torch.ops.aten,
+        "c10d": torch.ops._c10d_functional,
         "device": device,
         "store": pool.store,
         "store_into": pool.store_into,

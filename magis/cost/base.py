@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from magis.cost.links import DEFAULT_INTERCONNECT, Interconnect
 from magis.ir import Graph, Node, OpInfo, Ref, TensorMeta
 
 
@@ -122,9 +123,26 @@ class CostModel(abc.ABC):
     # Store or Load is a memcpy into the host pool, done by the threads that compute, so it
     # adds its whole time (measured: unet:small's plan ran 1.195x where overlap said 1.009x).
     copies_overlap: bool = True
+    # The ranks and link that price collectives (`magis.cost.links`); set by whoever plans a
+    # data-parallel step (`with_interconnect`). Collectives are never measured here: running one
+    # on a single rank would wait for the others forever.
+    interconnect: Interconnect = DEFAULT_INTERCONNECT
 
     def __init__(self) -> None:
         self._memo = _Memo()
+
+    def with_interconnect(self, interconnect: Interconnect) -> CostModel:
+        """This model pricing collectives over `interconnect` (forgets the node times it knew)."""
+        self.interconnect = interconnect
+        self._memo.by_node.clear()
+        return self
+
+    def comm_time(self, graph: Graph, nid: int) -> float:
+        """Seconds collective `nid` takes on the communication stream: its full buffer (the
+        larger of its input and output) over `interconnect` (`Interconnect.seconds`)."""
+        node = graph.node(nid)
+        ins = [graph.meta(r).nbytes for r in node.inputs]
+        return self.interconnect.seconds(node.op, max([node.outputs[0].nbytes, *ins]))
 
     @abc.abstractmethod
     def estimate(self, call: OpCall) -> float:
@@ -143,6 +161,8 @@ class CostModel(abc.ABC):
         info = graph.info(nid)
         if info.copy_stream:
             return self.transfer_time(node.outputs[0].nbytes)
+        if info.comm_stream:
+            return self.comm_time(graph, nid)
         if info.is_view and not self.views_cost_time:
             return 0.0
         return self.time_of(op_key(graph, nid), info)
@@ -192,6 +212,8 @@ class CostModel(abc.ABC):
                 info = infos[node.op] = lookup(node.op)
             if info.copy_stream:
                 times[nid] = self.transfer_time(node.outputs[0].nbytes)
+            elif info.comm_stream:
+                times[nid] = self.comm_time(graph, nid)
             elif not info.is_view or self.views_cost_time:
                 times[nid] = self.time_of(_key_of(node, nodes), info)
             by_node[nid] = (node, float(times[nid]))

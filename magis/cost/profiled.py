@@ -229,6 +229,8 @@ class ProfiledCostModel(CostModel):
         info = graph.info(nid)
         if self.device.type != "cuda" or node.is_placeholder or info.is_view or info.copy_stream:
             return 0
+        if info.comm_stream:
+            return 0
         key = op_key(graph, nid)
         text = _SCRATCH_PREFIX + key_text(key)
         cached = self._store.get(text)
@@ -375,8 +377,9 @@ def distinct_calls(graph: Graph, include_views: bool = False) -> list[tuple[OpKe
     seen: dict[OpKey | str, tuple[OpKey, OpInfo]] = {}
     for nid in graph.program_order():
         node = graph.node(nid)
-        if node.is_placeholder or (graph.info(nid).is_view and not include_views):
-            continue
+        info = graph.info(nid)
+        if node.is_placeholder or info.comm_stream or (info.is_view and not include_views):
+            continue  # (a collective is priced by the link, never run alone: it would hang)
         key = op_key(graph, nid)
         try:
             seen.setdefault(key, (key, graph.info(nid)))

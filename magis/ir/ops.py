@@ -34,6 +34,7 @@ class OpInfo:
     opaque: bool = False  # no entry: generic costs
     copy_stream: bool = False  # a Store or Load: a host<->device copy on the copy stream (§6.2)
     host_output: bool = False  # the output lives in host memory (a Store), not on the device
+    comm_stream: bool = False  # a collective: runs on the communication stream, never recomputed
 
 
 def tensor_metas(args: tuple) -> list[TensorMeta]:
@@ -281,12 +282,25 @@ def build_default_registry() -> OpRegistry:
         entries.setdefault(name, OpInfo(name, flops=_per_input_element(8), mutates=positions))
     entries[STORE_OP] = OpInfo(STORE_OP, flops=_zero, copy_stream=True, host_output=True)
     entries[LOAD_OP] = OpInfo(LOAD_OP, flops=_zero, copy_stream=True)
+    for name in COLLECTIVE_OPS:
+        entries[name] = OpInfo(name, flops=_zero, comm_stream=True)
+    # The wait returns the collective's own output tensor (c10d's functional collectives):
+    # an alias of its argument that takes no compute time; its readers wait for the collective.
+    entries[WAIT_OP] = OpInfo(WAIT_OP, is_view=True)
     return OpRegistry(entries)
 
 
 # Swapping (MAGIS §5.2, Fig. 8): Store copies a device tensor to host memory, Load copies it back.
 STORE_OP = "magis.store"
 LOAD_OP = "magis.load"
+
+# Functional collectives (torch.distributed._functional_collectives), as make_fx records them:
+# each returns a new buffer, filled on the communication stream; `wait_tensor` hands it over.
+ALL_REDUCE_OP = "_c10d_functional.all_reduce.default"
+ALL_GATHER_OP = "_c10d_functional.all_gather_into_tensor.default"
+REDUCE_SCATTER_OP = "_c10d_functional.reduce_scatter_tensor.default"
+WAIT_OP = "_c10d_functional.wait_tensor.default"
+COLLECTIVE_OPS = (ALL_REDUCE_OP, ALL_GATHER_OP, REDUCE_SCATTER_OP)
 
 
 POINTWISE = (

@@ -18,7 +18,7 @@ import torch
 
 from magis.errors import PlanError
 from magis.ir.node import Node, Ref
-from magis.ir.ops import LOAD_OP, STORE_OP
+from magis.ir.ops import COLLECTIVE_OPS, LOAD_OP, STORE_OP, WAIT_OP
 
 # Node names: parameter paths ('bert.encoder.layer.0.attention.self.query.weight') and fx names
 # with the rules' suffixes. Codegen turns them into ASCII identifiers; the pattern keeps quotes,
@@ -27,6 +27,9 @@ NAME_PATTERN = re.compile(r"[\w.\-]{1,1000}")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 OP_PATTERN = re.compile(r"aten\.[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}")
 MAGIS_OPS = frozenset({STORE_OP, LOAD_OP})
+# Outside torch.ops.aten, only c10d's functional collectives and their wait (data parallelism,
+# `magis.capture.collectives`), by exact name.
+COMM_OPS = frozenset({*COLLECTIVE_OPS, WAIT_OP})
 # String arguments of ATen ops are short words ('tanh', 'floor', 'sum'): codegen writes them by
 # repr anyway, and a file with quotes or brackets in one is refused outright.
 STRING_CONSTANT = re.compile(r"[\w ,.\->]{0,100}")
@@ -75,6 +78,18 @@ def _aten_overload(op: str) -> torch._ops.OpOverload | None:
     return overload if isinstance(overload, torch._ops.OpOverload) else None
 
 
+def _comm_overload(op: str, where: str) -> torch._ops.OpOverload:
+    """torch.ops._c10d_functional.<packet>.default, or a one-line error on a PyTorch without it
+    (a build without torch.distributed)."""
+    _, packet_name, overload_name = op.split(".")
+    try:
+        return getattr(getattr(torch.ops._c10d_functional, packet_name), overload_name)
+    except (AttributeError, RuntimeError) as exc:
+        raise GraphSchemaError(
+            f"{where}: this PyTorch has no collective {op} (built without torch.distributed?)"
+        ) from exc
+
+
 @functools.cache
 def argument_names(overload: torch._ops.OpOverload) -> frozenset[str]:
     return frozenset(a.name for a in overload._schema.arguments)
@@ -85,6 +100,8 @@ def check_op(op: Any, where: str) -> torch._ops.OpOverload | None:
     refused (a name is looked up only once it matches OP_PATTERN, never evaluated)."""
     if isinstance(op, str) and op in MAGIS_OPS:
         return None
+    if isinstance(op, str) and op in COMM_OPS:
+        return _comm_overload(op, where)
     overload = _aten_overload(op) if isinstance(op, str) and OP_PATTERN.fullmatch(op) else None
     if overload is None:
         raise GraphSchemaError(f"{where}: {shown(op)} is not an ATen operator overload")

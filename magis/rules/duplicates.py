@@ -21,6 +21,7 @@ def recomputable(graph: Graph, nid: int) -> bool:
         node.is_placeholder
         or info.is_random
         or info.copy_stream
+        or info.comm_stream  # a collective again on one rank only would hang the others
         or info.mutates
         or node.writes_into is not None
     )

@@ -31,6 +31,7 @@ import numpy as np
 if TYPE_CHECKING:
     from magis.cost import CostModel
 from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
+from magis.ir.collectives import comm_nodes
 from magis.sim.tables import Tables, node_times, tables
 
 
@@ -115,6 +116,7 @@ class SimResult:
     compute_s: float
     copy_s: float
     host_peak_bytes: int = 0  # stored (swapped-out) bytes at their peak, in host memory
+    comm_s: float = 0.0  # busy seconds of the communication stream (collectives)
 
     @property
     def hotspots(self) -> tuple[Hotspot, ...]:
@@ -231,7 +233,7 @@ def simulate(
         timeline = np.array([t.resident_bytes], dtype=np.int64)
     peak = int(timeline.max())
     peak_steps = np.flatnonzero(timeline == peak)
-    latency, compute_s, copy_s = _latency(graph, ids, cost)
+    latency, compute_s, copy_s, comm_s = _latency(graph, ids, cost)
     cats = storage_categories(graph) if detail else None
     hot = _hotspots(t, alloc, free, peak_steps)
     return SimResult(
@@ -246,6 +248,7 @@ def simulate(
         compute_s=compute_s,
         copy_s=copy_s,
         host_peak_bytes=_host_peak(t, alloc, free, len(ids)),
+        comm_s=comm_s,
     )
 
 
@@ -283,24 +286,35 @@ def _breakdown(t: Tables, cats, alloc, free, step: int) -> dict[str, int]:
     return out
 
 
-def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float]:
-    """(makespan, busy compute seconds, busy copy seconds) over the two streams."""
+def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float, float]:
+    """(makespan, busy compute seconds, busy copy seconds, busy communication seconds)."""
     times = node_times(graph, cost)
     copies = tables(graph).copy_nodes
-    copy_s = float(times[np.sort(np.fromiter(copies, np.int64, len(copies)))].sum())
+    comms = comm_nodes(graph)
+    copy_s = _busy(times, copies)
+    comm_s = _busy(times, comms)
     ids = _as_ids(order)
-    compute_s = float(times[ids].sum()) - copy_s if len(ids) else 0.0
-    if not copies:
-        return compute_s, compute_s, 0.0
+    compute_s = float(times[ids].sum()) - copy_s - comm_s if len(ids) else 0.0
+    if not copies and not comms:
+        return compute_s, compute_s, 0.0, 0.0
     if not cost.copies_overlap:  # the copies take the computing threads' time
-        return compute_s + copy_s, compute_s, copy_s
-    return two_stream_makespan(graph, ids, times, copies), compute_s, copy_s
+        if not comms:
+            return compute_s + copy_s, compute_s, copy_s, 0.0
+        copies = frozenset()  # run in line with compute; the collectives still overlap
+    return two_stream_makespan(graph, ids, times, copies, comms), compute_s, copy_s, comm_s
 
 
-def two_stream_makespan(graph: Graph, ids: np.ndarray, times: np.ndarray, copies) -> float:
-    """Nodes run in `ids` order on two streams (the module docstring): a node starts when its
-    stream is free and its inputs are ready, and a copy no earlier than the compute op issued
-    just before it.
+def _busy(times: np.ndarray, nodes: frozenset[int]) -> float:
+    return float(times[np.sort(np.fromiter(nodes, np.int64, len(nodes)))].sum())
+
+
+def two_stream_makespan(
+    graph: Graph, ids: np.ndarray, times: np.ndarray, copies, comms=frozenset()
+) -> float:
+    """Nodes run in `ids` order on two streams (the module docstring), three with collectives:
+    a node starts when its stream is free and its inputs are ready, and a copy or a collective
+    no earlier than the compute op issued just before it (a collective runs on a communication
+    stream of its own, as NCCL's do: the copy stream's mechanism with its own clock).
 
     Only copies and the compute ops that read a copy can wait for anything but the compute
     stream; every other op starts when the one before it ends. So the runs of compute ops
@@ -311,14 +325,15 @@ def two_stream_makespan(graph: Graph, ids: np.ndarray, times: np.ndarray, copies
         return 0.0
     pos = np.full(max(int(ids.max()) + 1, 1), -1, dtype=np.int64)
     pos[ids] = np.arange(n)
-    waits = set(copies)
-    for c in copies:
+    side = copies | comms
+    waits = set(side)
+    for c in side:
         waits.update(graph.successors(c))
     events = np.sort(pos[np.fromiter(waits, np.int64, len(waits))])
     events = events[events >= 0]
     t = times[ids]
     finish = np.empty(n)
-    compute_free = copy_free = issued = 0.0
+    compute_free = copy_free = comm_free = issued = 0.0
     at = 0  # first position not yet timed
     for e in [*events.tolist(), n]:
         if e > at:  # a run of compute ops, each starting when the one before ends
@@ -336,6 +351,9 @@ def two_stream_makespan(graph: Graph, ids: np.ndarray, times: np.ndarray, copies
         if nid in copies:
             start = max(ready, copy_free, issued)
             finish[e] = copy_free = start + float(t[e])
+        elif nid in comms:
+            start = max(ready, comm_free, issued)
+            finish[e] = comm_free = start + float(t[e])
         else:
             start = issued = max(ready, compute_free)
             finish[e] = compute_free = start + float(t[e])

@@ -25,6 +25,10 @@ What is decided here, and why:
   is traced as well.
 - The hardware the search costs plans on defaults to the model's device, profiled ("cpu" or
   "cuda", `magis.cost.get_cost_model`).
+- Data parallelism (`parallel="ddp"`, issue 44): the gradients are averaged over
+  `process_group` inside the step, as DistributedDataParallel does
+  (`magis.capture.collectives`); rank 0 searches or loads the plan and every rank runs it
+  (`magis.train.distributed`). The model is not wrapped in DDP: the step is the DDP step.
 """
 
 from __future__ import annotations
@@ -39,8 +43,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from magis.capture.collectives import (
+    DEFAULT_BUCKET_BYTES,
+    AllReduceGradients,
+    DataParallel,
+    check_collectives,
+)
 from magis.capture.trace import Step, capture_training, loss_of
 from magis.commands.optimize import optimize
+from magis.cost import get_cost_model
+from magis.cost.links import Interconnect, get_link
 from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
@@ -75,6 +87,10 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     clip_grad_norm: float | None = None,
     measure: bool = False,
     cuda_graph: bool | None = None,
+    parallel: str | None = None,
+    process_group=None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    link: str = "nvlink",
 ) -> TrainStep:
     """A `TrainStep` training `model` with `optimizer`: `loss = train_step(*batch, **kwargs)`.
 
@@ -86,9 +102,12 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     gradients' global norm first (torch.nn.utils.clip_grad_norm_). `measure` records each
     call's measured peak in `train_step.last_peak_bytes`. On a GPU the program is replayed as a
     CUDA graph from the second call on (`magis.train.cuda_graph`); `cuda_graph=False` runs it
-    as generated code every call.
+    as generated code every call. `parallel="ddp"` averages the gradients over `process_group`
+    (default: the world) in all-reduces of `bucket_bytes`, priced over `link`
+    (`magis.cost.links`); rank 0 plans, every rank runs its plan.
     """
     _check_limits(mem_limit, lat_limit, plan)
+    group = _parallel_of(parallel, process_group, bucket_bytes)
     prepared = prepare_step(
         model,
         optimizer,
@@ -96,11 +115,57 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
         example_kwargs,
         loss_fn=loss_fn,
         clip_grad_norm=clip_grad_norm,
+        parallel=group,
     )
-    chosen = _plan_for(
-        prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
-    )
+    if group is None:
+        chosen = _plan_for(
+            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
+        )
+        return prepared.train_step(chosen, measure, cuda_graph)
+    from magis.train.distributed import check_same_plan, shared_plan
+
+    if hardware is None or isinstance(hardware, str):
+        name = hardware if hardware is not None else prepared.device.type
+        hardware = get_cost_model(name).with_interconnect(
+            Interconnect(get_link(link), group.world_size)
+        )
+
+    def find() -> Plan:
+        return _plan_for(
+            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
+        )
+
+    pg = process_group if process_group is not None else _world()
+    chosen = find() if plan is not None else shared_plan(find, pg)
+    check_plan_fits(chosen, prepared.step)
+    check_collectives(chosen.graph, group)
+    check_same_plan(chosen, pg)
     return prepared.train_step(chosen, measure, cuda_graph)
+
+
+PARALLEL = ("ddp",)
+
+
+def _parallel_of(parallel, process_group, bucket_bytes: int) -> DataParallel | None:
+    if parallel is None:
+        if process_group is not None:
+            raise CompileError("process_group= is for parallel='ddp': give both or neither")
+        return None
+    if parallel not in PARALLEL:
+        raise CompileError(f"unknown parallel={parallel!r}; choose one of {', '.join(PARALLEL)}")
+    return DataParallel.of(process_group if process_group is not None else _world(), bucket_bytes)
+
+
+def _world():
+    """The default process group, or a one-line error when none is initialized."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise CompileError(
+            "parallel='ddp' needs torch.distributed initialized (init_process_group, as torchrun "
+            "scripts do) or a process_group="
+        )
+    return dist.group.WORLD
 
 
 def compile_program_order(
@@ -174,10 +239,12 @@ def prepare_step(
     *,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     clip_grad_norm: float | None = None,
+    parallel: DataParallel | None = None,
 ) -> PreparedStep:
     """Check the arguments and capture the step: everything `compile` does but the plan. Its
     `train_step(plan, ...)` makes a `TrainStep` of any plan of that step (`magis bench gpu` runs
-    several plans of one capture this way)."""
+    several plans of one capture this way). With `parallel`, the captured update averages the
+    gradients over its group first (`AllReduceGradients`)."""
     _check_model_and_optimizer(model, optimizer)
     args = example_batch if isinstance(example_batch, tuple) else (example_batch,)
     kwargs = dict(example_kwargs or {})
@@ -192,7 +259,8 @@ def prepare_step(
     rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt)
     names = [n for n, _ in trainable]
     try:
-        step = _capture(model, optimizer, batch, data, loss_fn, rule, names, device)
+        traced = rule if parallel is None else AllReduceGradients(rule, parallel)
+        step = _capture(model, optimizer, batch, data, loss_fn, rule, traced, names, device)
     except CaptureError as exc:
         if isinstance(example_batch, dict) and not kwargs:  # meant as keyword tensors, mostly
             raise CaptureError(
@@ -256,7 +324,9 @@ def _autocast_of(device: torch.device) -> torch.dtype | None:
     return torch.get_autocast_dtype(device.type)
 
 
-def _capture(model, optimizer, batch: BatchSpec, data, loss_fn, rule, trainable, device) -> Step:
+def _capture(
+    model, optimizer, batch: BatchSpec, data, loss_fn, rule, traced, trainable, device
+) -> Step:
     cast = _autocast_of(device)
 
     def loss(m: nn.Module, *tensors: torch.Tensor) -> torch.Tensor:
@@ -273,7 +343,7 @@ def _capture(model, optimizer, batch: BatchSpec, data, loss_fn, rule, trainable,
             model,
             loss,
             data,
-            rule,
+            traced,
             trainable=trainable,
             scalars=scalars,
             data_names=[n + tag for n in batch.tensor_names],
