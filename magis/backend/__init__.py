@@ -1,7 +1,14 @@
 """Codegen, execution, memory measurement and verification against eager PyTorch (MAGIS §7.1)."""
 
 from magis.backend.codegen import Program, compile_program, generate
-from magis.backend.executor import Measurement, Verification, measure, verify
+from magis.backend.executor import (
+    Measurement,
+    Verification,
+    measure,
+    placed_inputs,
+    tracker_for,
+    verify,
+)
 from magis.backend.memory import LiveBytesTracker
 from magis.backend.meta_check import (
     MetaChecker,
@@ -14,6 +21,8 @@ from magis.backend.meta_check import (
 )
 
 __all__ = [
+    "placed_inputs",
+    "tracker_for",
     "LiveBytesTracker",
     "Measurement",
     "MetaCheckError",

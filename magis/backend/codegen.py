@@ -26,6 +26,7 @@ from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP, out_overload
 from magis.ir.schema import IDENTIFIER, check_node, check_op, shown
+from magis.sim import tables
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class Program:
     fn: Callable[..., tuple]
     input_names: tuple[str, ...]
     host_pool: HostPool  # where Store puts tensors (swapping)
+    # Inputs (by position) that live in host memory for the whole step, read only through
+    # Loads and written back by a Store (offloaded optimizer state, `magis.rules.offload`;
+    # the simulator's `Tables.host_resident`): a caller keeps them on the host.
+    host_inputs: frozenset[int] = frozenset()
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         self.host_pool.begin_call()
@@ -266,5 +271,8 @@ def program_from_source(
     }
     exec(compile(source, "<magis-program>", "exec"), scope)  # noqa: S102 - our own generated code
     names = Names(graph, order)
-    inputs = tuple(names[Ref(p)] for p in graph.placeholders())
-    return Program(source, scope["program"], inputs, pool)
+    placeholders = graph.placeholders()
+    inputs = tuple(names[Ref(p)] for p in placeholders)
+    on_host = tables(graph).host_resident
+    host_inputs = frozenset(i for i, p in enumerate(placeholders) if Ref(p) in on_host)
+    return Program(source, scope["program"], inputs, pool, host_inputs)

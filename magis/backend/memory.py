@@ -9,6 +9,7 @@ its last alias dies. Storages of the inputs are counted once, as resident. On CU
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,13 +38,18 @@ class LiveBytesTracker(TorchDispatchMode):
     `peak_bytes` = resident input bytes + the peak of storages allocated during the run.
     """
 
-    def __init__(self, resident: list[torch.Tensor] = ()) -> None:
+    def __init__(
+        self, resident: Sequence[torch.Tensor] = (), host: Sequence[torch.Tensor] = ()
+    ) -> None:
         super().__init__()
         self._counter = _Counter()
         self._resident: set[int] = set()
         self.resident_bytes = 0
         for t in resident:
             self._mark_resident(t)
+        # inputs kept in host memory (`Program.host_inputs`): neither resident nor counted
+        # when a Store writes them back
+        self._host = {t.untyped_storage().data_ptr() for t in host}
 
     def _mark_resident(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
@@ -63,6 +69,8 @@ class LiveBytesTracker(TorchDispatchMode):
         storage = t.untyped_storage()
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if not ptr or not nbytes or ptr in self._resident or ptr in self._counter.live:
+            return
+        if ptr in self._host:
             return
         self._counter.allocate(ptr, nbytes)
         weakref.finalize(storage, self._counter.free, ptr)

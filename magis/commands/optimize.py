@@ -10,7 +10,7 @@ by the chosen memory figure; `find_plan` runs the search (`magis.search.optimize
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -33,6 +33,7 @@ from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
 from magis.errors import MagisError, deferred_interrupt
 from magis.plan import Plan, PlanSummary, check_plan_graph
+from magis.rules import Rule
 from magis.rules.offload import offloadable_bytes
 from magis.search import (
     TIME_BUDGET_S,
@@ -277,13 +278,15 @@ def optimize(
     max_states: int | None = None,
     workers: int = 1,
     ray: str | None = None,
+    rules: Sequence[Rule] | None = None,
 ) -> Plan:
     """Optimize a captured step — or a model with example inputs, whose training step is
     captured first — under exactly one of `mem_limit` and `lat_limit` (MAGIS §6.2).
-    `workers`/`ray`: the search on several processes, as `find_plan` takes them."""
+    `workers`/`ray`: the search on several processes, as `find_plan` takes them; `rules`:
+    the rewrite rules the search may use (default: the catalog's)."""
     limit = read_search_limit(mem_limit, lat_limit)  # a typo fails before the capture
     options = SearchOptions(
-        time_budget=time_budget, max_states=max_states, workers=workers, ray=ray
+        time_budget=time_budget, max_states=max_states, workers=workers, ray=ray, rules=rules
     )
     step = step_or_model
     if isinstance(step_or_model, torch.nn.Module):

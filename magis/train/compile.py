@@ -56,6 +56,7 @@ from magis.cost.links import Interconnect, get_link
 from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
+from magis.rules import OFFLOAD_STATE, RESTORE_STATE, Rule, rules_in_search_order
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
 from magis.train.step import BatchError, BatchSpec, TrainStep
 
@@ -358,6 +359,16 @@ def _first_values(rule, optimizer) -> list[float]:
     return [1.0, *values] if isinstance(rule, ClipGradNorm) else values
 
 
+def rules_keeping_state() -> tuple[Rule, ...]:
+    """The search's rules but optimizer-state offloading (`magis.rules.offload`): the user's
+    optimizer holds its state on the model's device, and a `TrainStep` runs the plan on those
+    tensors, so a plan that kept the state on the host would count device memory the step
+    never frees. (Moving the state to pinned host memory, as ZeRO-Offload does, is what would
+    let `magis.compile` offload it; `magis optimize` plans it for the step's own inputs.)"""
+    offloading = {OFFLOAD_STATE.name, RESTORE_STATE.name}
+    return tuple(r for r in rules_in_search_order() if r.name not in offloading)
+
+
 def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -> Plan:
     if plan is not None:
         chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
@@ -369,6 +380,7 @@ def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -
         lat_limit=lat_limit,
         time_budget=time_budget,
         hardware=hardware if hardware is not None else device.type,
+        rules=rules_keeping_state(),
     )
     if not found.summary.satisfied:  # the step still trains exactly; the user should know
         s = found.summary

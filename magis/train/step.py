@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from magis.backend import LiveBytesTracker, compile_program
+from magis.backend import compile_program, tracker_for
 from magis.capture.trace import Step
 from magis.errors import MagisError
 from magis.train.cuda_graph import GraphedProgram
@@ -223,7 +223,7 @@ class TrainStep:
             return self._graphed(*flat)
         if not self.measure:
             return self.program(*flat)
-        tracker = LiveBytesTracker(flat)
+        tracker = tracker_for(self.program, flat)
         self.program.host_pool.peak_bytes = self.program.host_pool.live_bytes
         with tracker:
             out = self.program(*flat)
