@@ -181,8 +181,11 @@ def _invoke(capsys, *args: str) -> tuple[int, str]:
         ("no_loss", "the model returned a tensor of shape [2, 4], not a loss"),
         ("reads_a_value", "reads the value of a large tensor while building"),
         ("raises", "raises() raised ValueError: the data folder is missing"),
-        ("data_dependent_loss", "capturing its training step failed (at aten.nonzero"),
-        ("shape_error", "capturing its training step failed (at aten.mm.default, models.py:"),
+        ("data_dependent_loss", "capturing its training step failed: cannot capture a static"),
+        ("data_dependent_loss", "`loss = lambda m, x: m(x)[torch.nonzero(x)]"),
+        ("shape_error", "capturing its training step failed: tracing failed at "),
+        ("shape_error", "`loss = lambda m, x: (m(x) @ torch.ones(3, 3)).sum()"),
+        ("shape_error", ", in aten.mm.default: RuntimeError"),
         ("missing", "has no function 'missing' (it defines batch_of_strings, data_dependent_loss"),
     ],
 )
