@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 TRANSFORMERS, DIFFUSERS = "transformers", "diffusers"
 
@@ -181,7 +182,21 @@ def build_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
     finally:
         torch.set_default_dtype(previous)
     generator = torch.Generator().manual_seed(seed)
-    return Case(model, task_batch(arch.task, model, config, dtype, generator), None)
+    loss = ctc_loss if arch.task == "CTC" else None
+    return Case(model, task_batch(arch.task, model, config, dtype, generator), loss)
+
+
+def ctc_loss(model: torch.nn.Module, labels: torch.Tensor, **inputs) -> torch.Tensor:
+    """The CTC loss written from the logits, as a training loop writes it: every frame and every
+    label counted (tensor lengths, as the libraries pass them). The heads' own `labels=` path
+    checks the labels' values in Python and selects the unpadded ones (`masked_select`), which
+    no static graph holds."""
+    log_probs = model(**inputs).logits.log_softmax(-1).transpose(0, 1)
+    steps, batch = log_probs.shape[:2]
+    input_lengths = torch.full((batch,), steps, dtype=torch.long)
+    target_lengths = torch.full((batch,), labels.shape[1], dtype=torch.long)
+    blank = getattr(model.config, "pad_token_id", None) or 0
+    return F.ctc_loss(log_probs, labels, input_lengths, target_lengths, blank, zero_infinity=True)
 
 
 def tiny_config(config: Any) -> Any:
@@ -260,8 +275,10 @@ def task_batch(
         return {**inputs, **(decoder if takes else {}), "labels": target}
     if task == "TOKEN_CLASSIFICATION":
         return {**inputs, "labels": _ids(gen, labels, BATCH, LENGTH)}
-    if task == "CTC":
-        return {**inputs, "labels": 1 + _ids(gen, vocab - 1, BATCH, LABEL_LENGTH)}
+    if task == "CTC":  # anything but the blank (the padding id)
+        blank = getattr(config, "pad_token_id", None) or 0
+        ids = (blank + 1 + _ids(gen, vocab - 1, BATCH, LABEL_LENGTH)) % vocab
+        return {**inputs, "labels": ids}
     return {**inputs, "labels": _ids(gen, labels, BATCH)}
 
 

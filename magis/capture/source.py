@@ -26,16 +26,12 @@ import torch
 from magis.errors import CaptureError, TraceFailedError, ValueReadError
 
 # Frames in these folders are never the place to change: torch's own code, magis's, and
-# Python's standard library (contextlib, functools around the user's code).
-_NOT_USER = tuple(
-    Path(p).resolve()
-    for p in {
-        Path(torch.__file__).parent,
-        Path(__file__).parents[1],
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["platstdlib"],
-    }
-)
+# Python's standard library (contextlib, functools around the user's code); installed
+# libraries are the place (a venv's standard-library folder holds its site-packages).
+_PATHS = sysconfig.get_paths()
+_NOT_USER = (Path(torch.__file__).parent.resolve(), Path(__file__).parents[1].resolve())
+_STDLIB = tuple({Path(_PATHS[k]).resolve() for k in ("stdlib", "platstdlib")})
+_LIBRARIES = tuple({Path(_PATHS[k]).resolve() for k in ("purelib", "platlib")})
 _INSTALLED = ("site-packages", "dist-packages")
 
 # An attribute whose value switches a training-only random choice on or off (LayerDrop,
@@ -99,7 +95,10 @@ def _is_user_file(path: Path) -> bool:
     if not path.is_file():  # generated code (fx's `<eval_with_key>`), the interpreter
         return False
     resolved = path.resolve()
-    return not any(resolved.is_relative_to(p) for p in _NOT_USER)
+    if any(resolved.is_relative_to(p) for p in _NOT_USER):
+        return False
+    library = any(resolved.is_relative_to(p) for p in _LIBRARIES)
+    return library or not any(resolved.is_relative_to(p) for p in _STDLIB)
 
 
 def _function_lines(frame: FrameType, lineno: int) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from torch.func import functional_call, functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.fx_import import constant_values, import_fx
+from magis.capture.kernels import capture_kernels
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
 from magis.errors import CaptureError, MagisError
 from magis.ir import Graph, PlaceholderKind
@@ -98,7 +99,7 @@ def _trace_functional(
     submodules it ran in (make_fx's `record_module_stack`, which finds the modules through
     `fn._orig_mod`); the second trace runs the first graph node by node with its metadata kept
     (`preserve_node_meta`), so the stacks reach the final graph (`module_paths`)."""
-    with fake_kernel_failures_kept() as logged:
+    with capture_kernels(), fake_kernel_failures_kept() as logged:
         try:
             return _trace_twice(fn, fake_args, root)
         except MagisError:
