@@ -34,7 +34,14 @@ from pathlib import Path
 
 import torch
 
-from magis.bench.coverage_models import Architecture, Case, all_architectures, build_case
+from magis.bench.coverage_diffusers import build_diffusers_case, diffusers_architectures
+from magis.bench.coverage_models import (
+    DIFFUSERS,
+    Architecture,
+    Case,
+    build_transformers_case,
+    transformers_architectures,
+)
 from magis.bench.coverage_report import CoverageReport, Failure, write_outputs
 from magis.bench.parallel import CellFailure, IsolatedRunner, SerialRunner, run_cells
 from magis.capture.source import failed_op
@@ -97,6 +104,17 @@ class ArchResult:
     seconds: float = 0.0
     failure: Failure | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def all_architectures() -> list[Architecture]:
+    """The transformers architectures, then the diffusers ones."""
+    return transformers_architectures() + diffusers_architectures()
+
+
+def build_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
+    """The architecture at its tiny config in `dtype`, with a batch (and loss) for its task."""
+    build = build_diffusers_case if arch.library == DIFFUSERS else build_transformers_case
+    return build(arch, dtype, seed)
 
 
 def select(options: CoverageOptions, archs: Sequence[Architecture]) -> list[Architecture]:

@@ -16,7 +16,6 @@ table of per-model settings: what the derivation misses is a failure row of the 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -157,19 +156,8 @@ def transformers_architectures() -> list[Architecture]:
     return sorted(seen.values(), key=lambda a: a.name)
 
 
-def all_architectures() -> list[Architecture]:
-    """The transformers architectures, then the diffusers ones."""
-    from magis.bench.coverage_diffusers import diffusers_architectures
-
-    return transformers_architectures() + diffusers_architectures()
-
-
-def build_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
+def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
     """The architecture at its tiny config in `dtype`, seeded, with a batch for its task."""
-    if arch.library == DIFFUSERS:
-        from magis.bench.coverage_diffusers import build_diffusers_case
-
-        return build_diffusers_case(arch, dtype, seed)
     import transformers
 
     cls = getattr(transformers, arch.name)
@@ -301,8 +289,3 @@ def _main_input(
         vocab = getattr(config, "vocab_size", None) or 2
         return {name: _ids(gen, vocab, BATCH, LENGTH)}
     return {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
-
-
-def import_library(library: str) -> Any:
-    """The library module, imported (a worker imports it before its first architecture)."""
-    return importlib.import_module(library)
