@@ -71,6 +71,7 @@ class CoverageOptions:
     jobs: int = 1
     timeout_s: float = 600.0  # per architecture
     isolate: bool = True  # each architecture in a process of its own
+    warm_start: bool = True  # the baselines' plans as starting states, as `magis optimize`
     json_path: Path | None = None
     markdown_path: Path | None = None
 
@@ -83,6 +84,7 @@ class Cell:
     time_budget: float
     max_states: int | None
     hardware: str
+    warm_start: bool = True
 
 
 @dataclass
@@ -131,7 +133,10 @@ def select(options: CoverageOptions, archs: Sequence[Architecture]) -> list[Arch
 def run_coverage(options: CoverageOptions, progress: Progress | None = None) -> CoverageReport:
     """Sweep the architectures; the JSON and markdown files are rewritten after each one."""
     archs = select(options, all_architectures())
-    cells = [Cell(a, options.time_budget, options.max_states, options.hardware) for a in archs]
+    cells = [
+        Cell(a, options.time_budget, options.max_states, options.hardware, options.warm_start)
+        for a in archs
+    ]
     report = CoverageReport(options.time_budget, options.max_states, MEM_LIMIT, PEAK_TOLERANCE)
 
     def started(i: int) -> None:
@@ -197,7 +202,8 @@ def run_architecture(cell: Cell) -> ArchResult:
             return result
         stage = "optimize"
         setup = _search_setup(step, cell.hardware, result)
-        plan = find_plan(setup, SearchOptions(cell.time_budget, max_states=cell.max_states))
+        options = SearchOptions(cell.time_budget, max_states=cell.max_states)
+        plan = find_plan(setup, options, warm_start=cell.warm_start)
         s = plan.summary
         result.memory_ratio, result.latency_ratio, result.limit_met = (
             s.memory_ratio,
