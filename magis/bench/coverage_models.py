@@ -71,6 +71,10 @@ TINY_INTS: Mapping[str, int] = {
     ),
     "num_key_value_heads": 2,
     "head_dim": 16,
+    # latent attention's and partial rotary's head parts, as large as a head (they derive
+    # head_dim from them, or check against it)
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "rotary_dim"), 16),
+    "pooler_hidden_size": 64,
     **dict.fromkeys(
         (
             "intermediate_size",
@@ -87,7 +91,7 @@ TINY_INTS: Mapping[str, int] = {
     ),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "num_selected_experts"), 2),
-    **dict.fromkeys(("vocab_size", "n_vocab"), 512),
+    **dict.fromkeys(("vocab_size", "n_vocab", "decoder_vocab_size"), 512),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions"), 64),
     "max_target_positions": 64,
     "image_size": IMAGE,
@@ -102,6 +106,8 @@ TINY_INTS: Mapping[str, int] = {
     "xvector_output_dim": 32,
     "num_labels": 2,
 }
+# Attributes a config may leave None for the model to derive or require: given the cap.
+FILL_WHEN_NONE = ("vocab_size", "head_dim", "num_key_value_heads")
 # Per-stage lists (a CNN's widths, a hierarchical transformer's depths): each element capped.
 TINY_LISTS: Mapping[str, int] = {
     "depths": 1,
@@ -199,12 +205,26 @@ def tiny_config(config: Any) -> Any:
             setattr(config, key, type(value)(capped))
         elif key in TINY_INTS and isinstance(value, int) and not isinstance(value, bool):
             setattr(config, key, min(value, TINY_INTS[key]))
+        elif key in FILL_WHEN_NONE and value is None:
+            setattr(config, key, TINY_INTS[key])
         elif key in NO_RANDOM_CHOICE and isinstance(value, float):
             setattr(config, key, 0.0)
     _per_layer_lists_cut(config, layers)
     _heads_divide(config)
     _token_ids_in_vocabulary(config)
+    _padding_and_start_ids(config)
     return config
+
+
+def _padding_and_start_ids(config: Any) -> None:
+    """A padding id where the config has none (a decoder's sequence classification finds each
+    row's last token by it), and an encoder-decoder's decoder starting from it where the config
+    names no start id (T5's convention)."""
+    if hasattr(config, "pad_token_id") and config.pad_token_id is None:
+        config.pad_token_id = 0
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    if encoder_decoder and getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = getattr(config, "pad_token_id", 0) or 0
 
 
 _LAYER_COUNTS = tuple(k for k, v in TINY_INTS.items() if v == 2 and "layer" in k)
@@ -212,12 +232,19 @@ _LAYER_COUNTS = tuple(k for k, v in TINY_INTS.items() if v == 2 and "layer" in k
 
 def _per_layer_lists_cut(config: Any, before: Mapping[str, int]) -> None:
     """A list with one entry per layer (`layer_types`, per-layer sliding windows) cut to the
-    new number of layers: it is recognized by its length, the old number."""
+    new number of layers, recognized by its length (the old number). Every kind of layer it
+    names is kept (a hybrid model's attention layers and linear-attention layers): the cut list
+    is each kind once, in order of first appearance, then the first entry repeated; where there
+    are more kinds than layers, the model gets one layer per kind."""
     for key, old in before.items():
         new = getattr(config, key)
         for name, value in list(vars(config).items()):
             if new < old and isinstance(value, list | tuple) and len(value) == old:
-                setattr(config, name, type(value)(value[:new]))
+                kinds = list(dict.fromkeys(v for v in value if isinstance(v, str)))
+                new = max(new, len(kinds))
+                cut = kinds + [value[0]] * (new - len(kinds)) if kinds else list(value[:new])
+                setattr(config, name, type(value)(cut))
+                setattr(config, key, new)
 
 
 def _heads_divide(config: Any) -> None:
@@ -285,7 +312,11 @@ def _main_input(
     elif name == "input_features":
         frames = 2 * getattr(config, "max_source_positions", LENGTH)
         shape = (BATCH, getattr(config, "num_mel_bins", 16), frames)
-    else:
+    else:  # token ids, each row ending as a sentence does, with the end-of-sequence id
         vocab = getattr(config, "vocab_size", None) or 2
-        return {name: _ids(gen, vocab, BATCH, LENGTH)}
+        ids = _ids(gen, vocab, BATCH, LENGTH)
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, int) and 0 <= eos < vocab:
+            ids[:, -1] = eos
+        return {name: ids}
     return {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
