@@ -53,6 +53,7 @@ from magis.capture.building import (
     default_dtype,
     small_constants_real,
 )
+from magis.capture.source import failure_site
 from magis.capture.trace import OptimizerSpec, Step, capture_training
 from magis.errors import MagisError
 
@@ -231,13 +232,15 @@ def _run_factory(spec, factory, batch, dtype, real, seed, constants: bool) -> tu
     except MagisError:
         raise
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line
+        site = failure_site(exc)
+        at = f" at {site}" if site is not None else ""
         if _is_data_dependent(exc):
             raise ModelFileError(
                 f"{spec.spec}: {spec.function}() reads the value of a large tensor while "
-                "building (.item(), .tolist(), a branch on data), which fake tensors cannot: "
-                "compute that value from Python numbers"
+                f"building{at} (.item(), .tolist(), a branch on data), which fake tensors "
+                "cannot: compute that value from Python numbers"
             ) from exc
-        raise ModelFileError(f"{spec.spec}: {spec.function}() raised {_one_line(exc)}") from exc
+        raise ModelFileError(f"{spec.spec}: {spec.function}() raised {_one_line(exc)}{at}") from exc
 
 
 @dataclass(frozen=True)
