@@ -28,6 +28,16 @@ class CaptureError(MagisError):
     """The step could not be traced to a static graph (data-dependent control flow, .item(), ...)."""
 
 
+class ValueReadError(CaptureError):
+    """The step reads a tensor's value in Python (.item(), a branch on a tensor): one line naming
+    the source line where it does."""
+
+
+class TraceFailedError(CaptureError):
+    """Tracing the step failed (an op without a fake kernel, a shape error): one line naming the
+    source line where it did."""
+
+
 class UnsupportedOpError(MagisError):
     """An op the executor cannot run."""
 

@@ -25,12 +25,14 @@ format), which is what the runtime's host pool does on a CPU (`HostPool.store`/`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from magis.capture.kernels import KERNEL_OPS, capture_kernels
 from magis.errors import VerificationError
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.schema import check_op
@@ -172,8 +174,10 @@ class MetaChecker:
         for ref in node.inputs:
             if ref not in fakes:
                 fakes[ref] = self._fake(graph.meta(ref))
+        # an op whose fake kernel magis provides at capture has it here too
+        kernels = capture_kernels() if node.op in KERNEL_OPS else contextlib.nullcontext()
         try:
-            with self._mode:
+            with kernels, self._mode:
                 args = self._materialize(graph, node.args, fakes)
                 kwargs = {k: self._materialize(graph, v, fakes) for k, v in node.kwargs}
                 result = overload(*args, **kwargs)

@@ -24,6 +24,7 @@ unsafe), `RayRunner(address, num_cpus)` (`ray.init(address=...)`, or a local Ray
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import time
@@ -102,14 +103,14 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _mp_context():
+def _mp_context(preload: Sequence[str] = ("magis.bench.compare",)):
     # forkserver: workers are forked from a clean server process, not from this one (which may
     # have run torch: forking its thread pools is unsafe); spawn where forkserver is missing.
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
         # the server imports magis (torch, the baselines) once; each worker forks from it
-        ctx.set_forkserver_preload(["magis.bench.compare"])
+        ctx.set_forkserver_preload(list(preload) or ["magis.bench.compare"])
     return ctx
 
 
@@ -192,6 +193,89 @@ def _ray_finished(ray, index: int, ref) -> Finished:
     except Exception as exc:  # noqa: BLE001 - a task error or a dead worker: this cell's FAILURE
         return Finished(index, CellFailure(f"Ray task failed: {type(exc).__name__}: {exc}"))
     return Finished(index, done.result, done.cpu_seconds)
+
+
+@dataclass
+class IsolatedRunner:
+    """Each cell in a process of its own (forked from a forkserver that has imported
+    `preload`), at most `jobs` at once, each stopped after `timeout_s`: a cell that hangs, or
+    crashes its process (a segfault in a library's kernel), is that cell's `CellFailure` and the
+    sweep goes on. `on_start(i)` is told each cell as its process starts."""
+
+    jobs: int
+    timeout_s: float
+    preload: tuple[str, ...] = ()
+    on_start: Callable[[int], None] | None = None
+    name: str = "isolated"
+
+    def run(self, cells: Sequence[C], fn: Callable[[C], Any]) -> Iterator[Finished]:
+        ctx = _mp_context(self.preload)
+        waiting = list(enumerate(cells))
+        running: dict[int, _Running] = {}
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.jobs:
+                    index, cell = waiting.pop(0)
+                    if self.on_start is not None:
+                        self.on_start(index)
+                    running[index] = _Running.start(ctx, fn, cell, self.timeout_s)
+                ready = multiprocessing.connection.wait(
+                    [r.process.sentinel for r in running.values()], timeout=0.5
+                )
+                for index, job in sorted(running.items()):
+                    if job.process.sentinel in ready or job.overdue():
+                        yield Finished(index, *job.finish(self.timeout_s))
+                        del running[index]
+        finally:
+            for job in running.values():  # Ctrl-C, or the caller stopped reading
+                job.process.kill()
+
+
+@dataclass
+class _Running:
+    """One isolated cell's process, the end of its pipe, and its deadline."""
+
+    process: Any
+    reader: Any
+    deadline: float
+
+    @classmethod
+    def start(cls, ctx, fn: Callable, cell: Any, timeout_s: float) -> _Running:
+        reader, writer = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=_isolated_cell, args=(fn, cell, writer), daemon=True)
+        process.start()
+        writer.close()  # the child holds its own copy: EOF here when it dies
+        return cls(process, reader, time.monotonic() + timeout_s)
+
+    def overdue(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def finish(self, timeout_s: float) -> tuple[Any, float]:
+        """(result, cpu seconds) of the cell: what it sent, or why it sent nothing."""
+        try:
+            if self.reader.poll(0 if self.process.is_alive() else 1.0):
+                done = self.reader.recv()
+                return done.result, done.cpu_seconds
+        except (EOFError, OSError):
+            pass
+        finally:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(5)
+            self.reader.close()
+        if self.overdue():
+            return CellFailure(f"timed out after {timeout_s:g} s"), 0.0
+        return CellFailure(f"its process died (exit code {self.process.exitcode})"), 0.0
+
+
+def _isolated_cell(fn: Callable, cell: Any, writer) -> None:
+    _ignore_sigint()
+    done = call_cell(fn, cell)
+    try:
+        writer.send(done)
+    except Exception as exc:  # noqa: BLE001 - a result that cannot be pickled is a failure
+        writer.send(Finished(-1, CellFailure(f"crashed: {type(exc).__name__}: {exc}")))
+    writer.close()
 
 
 def make_runner(jobs: int = 1, ray: str | None = None) -> CellRunner:

@@ -20,6 +20,8 @@ from torch.func import functional_call, functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.fx_import import constant_values, import_fx
+from magis.capture.kernels import capture_kernels
+from magis.capture.source import capture_failure, fake_kernel_failures_kept
 from magis.capture.step_kinds import OPTIMIZERS, OptimizerSpec, UpdateRule, autocast_loss
 from magis.errors import CaptureError, MagisError
 from magis.ir import Graph, PlaceholderKind
@@ -86,23 +88,6 @@ def _real_like(meta, example, dtype: torch.dtype | None, gen: torch.Generator) -
     return torch.randint(0, 2, meta.shape, generator=gen).to(tdtype)
 
 
-def _is_data_dependent(exc: BaseException) -> bool:
-    names = {type(e).__name__ for e in _chain(exc)}
-    markers = {
-        "DataDependentOutputException",
-        "GuardOnDataDependentSymNode",
-        "DynamicOutputShapeException",
-        "UnsupportedOperatorException",
-    }
-    return bool(names & markers) or "data-dependent" in str(exc).lower()
-
-
-def _chain(exc: BaseException):
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def _trace_functional(
     fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None = None
 ) -> torch.fx.GraphModule:
@@ -112,29 +97,29 @@ def _trace_functional(
     submodules it ran in (make_fx's `record_module_stack`, which finds the modules through
     `fn._orig_mod`); the second trace runs the first graph node by node with its metadata kept
     (`preserve_node_meta`), so the stacks reach the final graph (`module_paths`)."""
-    try:
-        if root is None:
-            gm = make_fx(fn)(*fake_args)
-        else:
-            gm = make_fx(_rooted(fn, root), record_module_stack=True)(*fake_args)
-        detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
-        if root is None:
-            return make_fx(functionalize(gm, remove="mutations"))(*detached)
-        with fx_traceback.preserve_node_meta():
-            run = torch.fx.Interpreter(gm).run
-            return make_fx(functionalize(run, remove="mutations"))(*detached)
-    except MagisError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - torch raises many types; classify and re-raise
-        if _is_data_dependent(exc):
-            raise CaptureError(
-                "cannot capture a static graph: the step reads a tensor's value in Python "
-                "(.item(), bool(tensor) or data-dependent control flow); make it tensor "
-                "arithmetic or move it out of the step"
-            ) from exc
-        raise CaptureError(
-            f"tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-        ) from exc
+    with capture_kernels(), fake_kernel_failures_kept() as logged:
+        try:
+            return _trace_twice(fn, fake_args, root)
+        except MagisError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch raises many types; classify, re-raise
+            raise capture_failure(exc, logged) from exc
+
+
+def _trace_twice(
+    fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None
+) -> torch.fx.GraphModule:
+    """The two traces of `_trace_functional`."""
+    if root is None:
+        gm = make_fx(fn)(*fake_args)
+    else:
+        gm = make_fx(_rooted(fn, root), record_module_stack=True)(*fake_args)
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
+    if root is None:
+        return make_fx(functionalize(gm, remove="mutations"))(*detached)
+    with fx_traceback.preserve_node_meta():
+        run = torch.fx.Interpreter(gm).run
+        return make_fx(functionalize(run, remove="mutations"))(*detached)
 
 
 def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:

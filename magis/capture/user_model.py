@@ -30,8 +30,8 @@ calls NAME with real tensors (`real=True`), once its fake capture shows that the
 Every way this goes wrong is one `ModelFileError` line that names the spec: the file missing
 or failing to load, no such function, a result of the wrong shape, a model that is no
 `nn.Module`, a batch that is not tensors, a value read while building under fake tensors, a
-capture that fails (with the ATen op it failed at, when torch names one, and the line of the
-model's code it failed in).
+capture that fails (with the line of the model's code it failed in and the ATen op it failed
+at, when torch names one: `magis.capture.source`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
-import logging
 import re
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +54,7 @@ from magis.capture.building import (
     default_dtype,
     small_constants_real,
 )
+from magis.capture.source import failure_site
 from magis.capture.step_kinds import (
     DEFAULT_STEP,
     OptimizerSpec,
@@ -191,53 +190,6 @@ def _is_data_dependent(exc: BaseException) -> bool:
     return False
 
 
-def _aten_op(exc: BaseException) -> str | None:
-    """The first ATen op named in `exc` or its causes (torch names the op it failed at)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        found = re.search(r"aten\.\w+(?:\.\w+)?", str(seen))
-        if found:
-            return found.group(0)
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-@contextlib.contextmanager
-def _fake_tensor_errors_kept(ops: list[str]) -> Iterator[None]:
-    """Torch logs a traceback when an op's meta function fails under fake tensors; the error
-    that follows is what the user sees (one line), so the log record is kept, not printed: the
-    op it names goes into `ops`."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-
-    def keep(record: logging.LogRecord) -> bool:
-        found = re.search(r"aten\.\w+(?:\.\w+)?", record.getMessage())
-        if found and record.levelno >= logging.ERROR:
-            ops.append(found.group(0))
-            return False
-        return True
-
-    logger.addFilter(keep)
-    try:
-        yield
-    finally:
-        logger.removeFilter(keep)
-
-
-def _model_line(exc: BaseException) -> str | None:
-    """`file:line` of the innermost frame of the model's code (not torch's, not magis's) in the
-    traceback of `exc` or its causes: where the user's forward or loss failed."""
-    skip = (Path(torch.__file__).parent, Path(__file__).parents[1])
-    found = None
-    seen: BaseException | None = exc
-    while seen is not None:
-        for frame in traceback.extract_tb(seen.__traceback__):
-            where = Path(frame.filename)
-            if where.is_file() and not any(where.is_relative_to(p) for p in skip):
-                found = f"{where.name}:{frame.lineno}"
-        seen = seen.__cause__ or seen.__context__
-    return found
-
-
 def _factory_kwargs(spec: ModelSpec, factory: Callable, batch: int | None) -> dict:
     if batch is None:
         return {}
@@ -288,13 +240,15 @@ def _run_factory(spec, factory, batch, dtype, real, seed, constants: bool) -> tu
     except MagisError:
         raise
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line
+        site = failure_site(exc)
+        at = f" at {site}" if site is not None else ""
         if _is_data_dependent(exc):
             raise ModelFileError(
                 f"{spec.spec}: {spec.function}() reads the value of a large tensor while "
-                "building (.item(), .tolist(), a branch on data), which fake tensors cannot: "
-                "compute that value from Python numbers"
+                f"building{at} (.item(), .tolist(), a branch on data), which fake tensors "
+                "cannot: compute that value from Python numbers"
             ) from exc
-        raise ModelFileError(f"{spec.spec}: {spec.function}() raised {_one_line(exc)}") from exc
+        raise ModelFileError(f"{spec.spec}: {spec.function}() raised {_one_line(exc)}{at}") from exc
 
 
 @dataclass(frozen=True)
@@ -380,24 +334,19 @@ def capture_factored(spec: ModelSpec, f: Factored, step: StepKind | str = DEFAUL
     if not trained:
         raise ModelFileError(f"{spec.spec}: the model has no parameter that requires a gradient")
     rule = OptimizerSpec(kind.optimizer)
-    failed_ops: list[str] = []
     try:
-        with _fake_tensor_errors_kept(failed_ops):
-            return capture_training(
-                f.model,
-                autocast_loss(_loss(f), kind.autocast),
-                f.data,
-                rule,
-                params=trained,
-                data_names=list(f.names),
-            )
+        return capture_training(
+            f.model,
+            autocast_loss(_loss(f), kind.autocast),
+            f.data,
+            rule,
+            params=trained,
+            data_names=list(f.names),
+        )
     except ModelFileError:
         raise
-    except MagisError as exc:
-        op = _aten_op(exc) or (failed_ops[-1] if failed_ops else None)
-        places = [p for p in (op, _model_line(exc)) if p and p not in str(exc)]
-        at = f" (at {', '.join(places)})" if places else ""
-        raise ModelFileError(f"{spec.spec}: capturing its training step failed{at}: {exc}") from exc
+    except MagisError as exc:  # the capture's own line names the op and the source line
+        raise ModelFileError(f"{spec.spec}: capturing its training step failed: {exc}") from exc
 
 
 def _describe(spec: ModelSpec, f: Factored) -> UserModel:

@@ -264,6 +264,58 @@ def bench_corpus_cmd(
     _finish_bench(rep, out, json_path)
 
 
+@bench_app.command("coverage")
+def bench_coverage_cmd(
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            metavar="PATTERN",
+            help="Comma-separated class-name patterns (fnmatch: '*ForCTC,UNet2D*').",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="The first N architectures only.")
+    ] = None,
+    time_budget: BudgetOpt = 10.0,
+    max_states: Annotated[
+        int | None, typer.Option("--max-states", min=1, help="States per search at most.")
+    ] = None,
+    hardware: HardwareOpt = "rtx3090",
+    jobs: JobsOpt = 1,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="Seconds per architecture before it fails.")
+    ] = 600.0,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the table as markdown to PATH.")
+    ] = None,
+    json_path: JsonOpt = None,
+) -> None:
+    """Every architecture of the installed transformers and diffusers with a training head, tiny:
+    capture, verify in float64, optimize under mem_limit=0.5, verify the plan, compare the
+    simulated and measured peaks (issue 46). Each in a process of its own; Ctrl-C keeps what
+    finished."""
+    from magis.bench.coverage import CoverageOptions, run_coverage
+    from magis.bench.coverage_report import table_markdown
+
+    options = CoverageOptions(
+        only=_split_names(only),
+        limit=limit,
+        time_budget=time_budget,
+        max_states=max_states,
+        hardware=hardware,
+        jobs=jobs,
+        timeout_s=timeout,
+        json_path=json_path,
+        markdown_path=markdown,
+    )
+    with progress_bar("coverage") as progress:
+        rep = run_coverage(options, progress)
+    console.print(table_markdown(rep), markup=False, highlight=False)
+    if rep.interrupted:
+        raise Interrupted("interrupted: the counts hold the architectures that finished")
+
+
 @bench_app.command("fuzz")
 def bench_fuzz_cmd(
     cases: Annotated[int, typer.Option("--cases", min=0, help="Random rule chains to run.")] = 500,

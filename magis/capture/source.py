@@ -1,0 +1,205 @@
+"""Where a capture failed, in the code the user can change: the source line of a traceback.
+
+A capture runs the user's forward (and the model library's) under make_fx and fake tensors;
+when it fails, the traceback runs through torch's dispatch, magis's tracing and Python's own
+modules, and the one frame that matters is the innermost frame of everything else: the line of
+the user's or the library's code where a tensor's value was read or an op was called that could
+not be traced. `failure_site` finds it in an exception and its causes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import linecache
+import logging
+import re
+import sysconfig
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import torch
+
+from magis.errors import CaptureError, TraceFailedError, ValueReadError
+
+# Frames in these folders are never the place to change: torch's own code, magis's, and
+# Python's standard library (contextlib, functools around the user's code); installed
+# libraries are the place (a venv's standard-library folder holds its site-packages).
+_PATHS = sysconfig.get_paths()
+_NOT_USER = (Path(torch.__file__).parent.resolve(), Path(__file__).parents[1].resolve())
+_STDLIB = tuple({Path(_PATHS[k]).resolve() for k in ("stdlib", "platstdlib")})
+_LIBRARIES = tuple({Path(_PATHS[k]).resolve() for k in ("purelib", "platlib")})
+_INSTALLED = ("site-packages", "dist-packages")
+
+# An attribute whose value switches a training-only random choice on or off (LayerDrop,
+# stochastic depth): named in the error when the line that read a value mentions one.
+_RANDOM_DEPTH_FIELD = re.compile(r"\b(\w+\.\w*(?:layerdrop|drop_path|drop_prob)\w*)\b")
+_RANDOM_DRAW = re.compile(r"\brand\w*\(|\brandom\(|\buniform_?\(|\bbernoulli")
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    """One line of the user's or a library's code: its file, number and text, and the lines of
+    its function up to it (`before`, to tell what the line tests)."""
+
+    path: Path
+    lineno: int
+    code: str
+    before: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        where = f"{display_path(self.path)}:{self.lineno}"
+        return f"{where} `{self.code}`" if self.code else where
+
+    def random_depth_field(self) -> str | None:
+        """The field a LayerDrop / stochastic-depth draw tests, when this line (or its function
+        above it) draws a random number and names one: `config.layerdrop`, `self.drop_path`."""
+        lines = (*self.before, self.code)
+        if not any(_RANDOM_DRAW.search(line) for line in lines):
+            return None
+        for line in reversed(lines):
+            found = _RANDOM_DEPTH_FIELD.search(line)
+            if found:
+                return found.group(1)
+        return None
+
+
+def display_path(path: Path) -> str:
+    """`path` as a user finds it: below the working folder, or below site-packages (an
+    installed library's `transformers/models/.../modeling_x.py`), else in full."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        pass
+    parts = path.parts
+    for marker in _INSTALLED:
+        if marker in parts:
+            return str(Path(*parts[parts.index(marker) + 1 :]))
+    return str(path)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what caused it, outermost first (each cause ran deeper in the stack)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_user_file(path: Path) -> bool:
+    if not path.is_file():  # generated code (fx's `<eval_with_key>`), the interpreter
+        return False
+    resolved = path.resolve()
+    if any(resolved.is_relative_to(p) for p in _NOT_USER):
+        return False
+    library = any(resolved.is_relative_to(p) for p in _LIBRARIES)
+    return library or not any(resolved.is_relative_to(p) for p in _STDLIB)
+
+
+def _function_lines(frame: FrameType, lineno: int) -> tuple[str, ...]:
+    """The lines of `frame`'s function before `lineno`, stripped (none when it has no source)."""
+    try:
+        lines, first = inspect.getsourcelines(frame.f_code)
+    except (OSError, TypeError):
+        return ()
+    return tuple(line.strip() for line in lines[: max(lineno - first, 0)])
+
+
+def failure_site(exc: BaseException) -> SourceLine | None:
+    """The innermost frame outside torch, magis and the standard library in the tracebacks
+    of `exc` and its causes: where the user's or the library's code failed."""
+    found = None
+    for link in _chain(exc):
+        for frame, lineno in traceback.walk_tb(link.__traceback__):
+            path = Path(frame.f_code.co_filename)
+            if _is_user_file(path):
+                found = (path.resolve(), lineno, frame)
+    if found is None:
+        return None
+    path, lineno, frame = found
+    code = linecache.getline(str(path), lineno).strip()
+    return SourceLine(path, lineno, code, _function_lines(frame, lineno))
+
+
+_DATA_DEPENDENT = frozenset(
+    {
+        "DataDependentOutputException",
+        "GuardOnDataDependentSymNode",
+        "DynamicOutputShapeException",
+        "UnsupportedOperatorException",
+    }
+)
+
+
+def is_data_dependent(exc: BaseException) -> bool:
+    """Whether `exc` (or a cause) says a tensor's value was needed that fake tensors lack."""
+    links = list(_chain(exc))
+    return any(type(e).__name__ in _DATA_DEPENDENT for e in links) or any(
+        "data-dependent" in str(e).lower() for e in links
+    )
+
+
+_ATEN_OP = re.compile(r"aten\.\w+(?:\.\w+)?")
+
+
+def failed_op(exc: BaseException, logged: Sequence[str] = ()) -> str | None:
+    """The ATen op a capture failed at: named in `exc` or a cause, else the last one whose
+    fake kernel failed (`fake_kernel_failures_kept`)."""
+    for link in _chain(exc):
+        found = _ATEN_OP.search(str(link))
+        if found:
+            return found.group(0)
+    return logged[-1] if logged else None
+
+
+@contextlib.contextmanager
+def fake_kernel_failures_kept() -> Iterator[list[str]]:
+    """Torch logs a traceback when an op's fake kernel fails; the error that follows is what
+    the user sees (one line), so the log record is kept, not printed: the ops it names are
+    collected in the list yielded."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    ops: list[str] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        found = _ATEN_OP.search(record.getMessage())
+        if found and record.levelno >= logging.ERROR:
+            ops.append(found.group(0))
+            return False
+        return True
+
+    logger.addFilter(keep)
+    try:
+        yield ops
+    finally:
+        logger.removeFilter(keep)
+
+
+def capture_failure(exc: BaseException, logged: Sequence[str] = ()) -> CaptureError:
+    """`exc`, raised while tracing, as the one-line error the user sees: a value read in Python
+    (`ValueReadError`) or another trace failure (`TraceFailedError`), each naming the source
+    line where it happened (`failure_site`). A value read on a line that tests a LayerDrop or
+    stochastic-depth field also names the field to set: that is training-only random control
+    flow, which one static graph cannot hold (README "Coverage")."""
+    site, op = failure_site(exc), failed_op(exc, logged)
+    at = (f" at {site}" if site is not None else "") + (f", in {op}" if op else "")
+    if is_data_dependent(exc):
+        field = site.random_depth_field() if site is not None else None
+        if field is not None:
+            return ValueReadError(
+                f"cannot capture a static graph: the step branches on a random draw{at} "
+                f"(training-only random control flow, data-dependent: LayerDrop or stochastic "
+                f"depth); set the probability it reads (`{field}`) to 0 in the model's config"
+            )
+        return ValueReadError(
+            f"cannot capture a static graph: the step reads a tensor's value in Python{at} "
+            "(.item(), bool(tensor) or data-dependent control flow); make it tensor "
+            "arithmetic or move it out of the step"
+        )
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    return TraceFailedError(f"tracing failed{at}: {type(exc).__name__}: {first}")

@@ -1,0 +1,107 @@
+"""Every capture failure is one line naming the source line where it happened: a value read in
+the model's forward, a shape error, a LayerDrop draw (with the config field to set)."""
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+from magis.capture import capture, training_step
+from magis.capture.source import display_path, failure_site
+from magis.errors import CaptureError, TraceFailedError, ValueReadError
+
+
+class ReadsItem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        scale = self.lin(x).abs().max().item()
+        return (self.lin(x) / scale).sum()
+
+
+class Branches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            return y.relu().sum()
+        return y.tanh().sum()
+
+
+class LayerDrop(nn.Module):
+    """Wav2Vec2's encoder loop, reduced: a layer skipped at random while training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.layerdrop = 0.1
+
+    def forward(self, x):
+        for layer in self.layers:
+            skip_the_layer = False
+            if self.training and self.layerdrop > 0.0:
+                dropout_probability = torch.rand([])
+                skip_the_layer = dropout_probability < self.layerdrop
+            if not skip_the_layer:
+                x = layer(x)
+        return x.sum()
+
+
+def _line_of(cls: type, text: str) -> str:
+    """`file:N` of the line of `cls`'s source that contains `text`."""
+    lines, first = inspect.getsourcelines(cls)
+    n = next(i for i, line in enumerate(lines) if text in line)
+    return f"{display_path(__import__('pathlib').Path(__file__).resolve())}:{first + n}"
+
+
+@pytest.mark.parametrize(
+    "model, text",
+    [(ReadsItem, "scale = self.lin(x).abs().max().item()"), (Branches, "if y.sum() > 0:")],
+)
+def test_a_value_read_in_forward_names_its_line(model, text):
+    with pytest.raises(ValueReadError) as caught:
+        training_step(model(), torch.randn(2, 4))
+    message = str(caught.value)
+    assert "\n" not in message and "reads a tensor's value in Python" in message
+    assert f"{_line_of(model, text)} `{text}`" in message, message
+
+
+def test_a_shape_error_names_its_line_and_op():
+    def step(x):
+        return (x @ torch.ones(5, 5)).sum()
+
+    with pytest.raises(TraceFailedError) as caught:
+        capture(step, torch.randn(3))
+    message = str(caught.value)
+    assert "\n" not in message and "`return (x @ torch.ones(5, 5)).sum()`" in message
+    assert ", in aten.mm.default: RuntimeError" in message
+
+
+def test_layerdrop_is_an_error_naming_the_line_and_the_field_to_set():
+    """Training-only random control flow is refused (README "Coverage"): the error names the
+    line that draws and the field that turns it off; with the field at 0 the step captures."""
+    model = LayerDrop()
+    with pytest.raises(ValueReadError) as caught:
+        training_step(model, torch.randn(2, 4))
+    message = str(caught.value)
+    text = "if not skip_the_layer:"
+    assert f"{_line_of(LayerDrop, text)} `{text}`" in message
+    assert "set the probability it reads (`self.layerdrop`) to 0" in message, message
+    assert "\n" not in message
+    model.layerdrop = 0.0
+    assert training_step(model, torch.randn(2, 4)).graph.ops()
+
+
+def test_the_innermost_frame_outside_torch_and_magis_is_the_site():
+    try:
+        torch.ones(2) @ torch.ones(3)  # torch raises inside its own code; this line is the site
+    except RuntimeError as exc:
+        site = failure_site(exc)
+    assert site is not None and site.code.startswith("torch.ones(2) @ torch.ones(3)")
+    assert isinstance(ValueReadError("x"), CaptureError)
