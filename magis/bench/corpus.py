@@ -30,6 +30,7 @@ from magis.bench.constraints import Constraint
 from magis.bench.corpus_report import (
     BEST_BASELINE,
     CORPUS_CONSTRAINTS,
+    EXACT_PEER,
     FIGURE,
     Chosen,
     CorpusOptions,
@@ -90,6 +91,7 @@ class CellResult:
     resident_bytes: int
     searched: Searched | None = None
     chosen: tuple[Chosen, ...] = ()
+    exact: tuple[Chosen, ...] = ()  # the exact peer's own point per constraint, when it ran
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -180,6 +182,8 @@ def _record(model: ModelResult, cell: Cell, result: CellResult | CellFailure) ->
         model.searched[result.searched.constraint] = result.searched
     for chosen in result.chosen:
         model.chosen[chosen.constraint] = chosen
+    for exact in result.exact:
+        model.exact[exact.constraint] = exact
 
 
 # --- one cell, wherever it runs --------------------------------------------------------------
@@ -212,20 +216,28 @@ def run_corpus_cell(cell: Cell) -> CellResult:
     )
     if cell.constraint is None:
         points = [o for m in cell.methods for o in baseline_outcomes(m, ctx)]
+        exact = [o for o in points if o.method == EXACT_PEER]
         return CellResult(
-            *figures, chosen=tuple(best_baseline(ctx, c, points) for c in CORPUS_CONSTRAINTS)
+            *figures,
+            chosen=tuple(best_baseline(ctx, c, points) for c in CORPUS_CONSTRAINTS),
+            exact=tuple(
+                best_baseline(ctx, c, exact, EXACT_PEER) for c in CORPUS_CONSTRAINTS if exact
+            ),
         )
     return CellResult(*figures, searched=magis_search(ctx, cell))
 
 
-def best_baseline(ctx: Context, c: Constraint, outcomes: Sequence) -> Chosen:
-    """The best point of all baselines together under `c`, chosen as `bench compare` chooses
-    within one method; a Failure names why none fits."""
+def best_baseline(
+    ctx: Context, c: Constraint, outcomes: Sequence, name: str = BEST_BASELINE
+) -> Chosen:
+    """The best point of all baselines together under `c` (or of one method's, `name`),
+    chosen as `bench compare` chooses within one method; a Failure names why none fits. An
+    exact method's point carries the gap its solver proved."""
     limit = c.objective(ctx.base).limit
     if c.mode is Mode.LATENCY_LIMIT:
-        best = best_under_latency(outcomes, limit, BEST_BASELINE)
+        best = best_under_latency(outcomes, limit, name)
     else:
-        best = best_under_memory_limit(outcomes, int(limit), BEST_BASELINE)
+        best = best_under_memory_limit(outcomes, int(limit), name)
     if isinstance(best, Failure):
         reasons = sorted({o.reason for o in outcomes if isinstance(o, Failure)})
         return Chosen(c.label, None, None, None, False, "; ".join([best.reason, *reasons]))
@@ -236,6 +248,7 @@ def best_baseline(ctx: Context, c: Constraint, outcomes: Sequence) -> Chosen:
         best.memory / ctx.base.peak_bytes,
         best.latency / ctx.base.latency_s,
         True,
+        gap=best.params.get("gap"),
     )
 
 

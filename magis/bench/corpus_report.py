@@ -22,6 +22,9 @@ from magis.search import Mode
 CORPUS_CONSTRAINTS = (Constraint(Mode.LATENCY_LIMIT, 1.10), Constraint(Mode.MEMORY_LIMIT, 0.4))
 FIGURE = "corpus_constraints.png"
 BEST_BASELINE = "best baseline"
+# The exact peer (`magis.baselines.ilp`): its own point under each constraint is shown beside
+# the best baseline with the gap its solver proved, the anchor magis is measured against.
+EXACT_PEER = "ilp"
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Chosen:
     latency_ratio: float | None
     satisfied: bool
     reason: str = ""
+    gap: float | None = None  # the optimality gap the method's solver proved (an exact peer)
 
 
 CSV_FIELDS = (
@@ -99,6 +103,9 @@ CSV_FIELDS = (
     "baseline_memory_ratio",
     "baseline_latency_ratio",
     "baseline_satisfied",
+    "exact_memory_ratio",
+    "exact_latency_ratio",
+    "exact_gap",
 )
 
 
@@ -114,6 +121,7 @@ class ModelResult:
     resident_bytes: int = 0  # the program order's floor: weights, optimizer state, inputs
     searched: dict[str, Searched] = field(default_factory=dict)
     chosen: dict[str, Chosen] = field(default_factory=dict)
+    exact: dict[str, Chosen] = field(default_factory=dict)  # the exact peer's own point
     failures: list[str] = field(default_factory=list)  # cells that raised
 
     def rows(self) -> list[dict[str, Any]]:
@@ -123,7 +131,7 @@ class ModelResult:
         return label in self.searched or label in self.chosen
 
     def _row(self, label: str) -> dict[str, Any]:
-        s, b = self.searched.get(label), self.chosen.get(label)
+        s, b, x = self.searched.get(label), self.chosen.get(label), self.exact.get(label)
         floor = self.floor_ratio
         return {
             "model": self.model,
@@ -146,6 +154,9 @@ class ModelResult:
             "baseline_latency_ratio": b.latency_ratio if b else None,
             "baseline_satisfied": b.satisfied if b else None,
             "baseline_reason": b.reason if b else "",
+            "exact_memory_ratio": x.memory_ratio if x else None,
+            "exact_latency_ratio": x.latency_ratio if x else None,
+            "exact_gap": x.gap if x else None,
         }
 
     @property
@@ -258,8 +269,10 @@ def table_cells(report: CorpusReport) -> tuple[list[str], list[list[str]]]:
     program order's peak; beside a memory ratio, in brackets, the part of its peak above that
     floor over the program order's (below 0: under the floor)."""
     header = ["model", "nodes", "resident floor"]
+    exact = any(m.exact for m in report.models)
     for c in CORPUS_CONSTRAINTS:
         header += [f"magis {c.label}", f"best baseline {c.label}"]
+        header += [f"{EXACT_PEER} {c.label} (gap)"] if exact else []
     body = []
     for m in report.models:
         floor = m.floor_ratio
@@ -274,8 +287,18 @@ def table_cells(report: CorpusReport) -> tuple[list[str], list[list[str]]]:
             else:
                 text = _cell(c, b.satisfied, b.memory_ratio, b.latency_ratio, floor)
                 cells.append(f"{text} ({b.method})" if b.satisfied else text)
+            if exact:
+                cells.append(_exact_cell(c, m.exact.get(c.label), floor))
         body.append(cells)
     return header, body
+
+
+def _exact_cell(c: Constraint, x: Chosen | None, floor: float | None) -> str:
+    """The exact peer's point under `c`, with the gap its solver proved."""
+    if x is None:
+        return "—"
+    text = _cell(c, x.satisfied, x.memory_ratio, x.latency_ratio, floor)
+    return text if x.gap is None or not x.satisfied else f"{text} (gap {x.gap:.1%})"
 
 
 def _cell(

@@ -138,3 +138,24 @@ def test_an_unknown_step_is_a_usage_error(tmp_path):
     args = ["bench", "corpus", "--size", "tiny", "--step", "adam", "--out", str(tmp_path)]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "adamw-bf16" in res.output
+
+
+def test_the_exact_peer_is_shown_per_cell_with_its_proven_gap(tmp_path):
+    """With `ilp` among the methods (issue 42), each cell shows the ILP's own point beside the
+    best baseline, with the gap its solver proved; magis is at or below it where both meet
+    the limit (the ILP is also a warm start of the search)."""
+    from magis.cli import app
+
+    out, js = tmp_path / "out", tmp_path / "corpus.json"
+    args = ["bench", "corpus", "--size", "tiny", "--models", "resnet", "--methods", "pytorch,ilp",
+            "--max-states", "4", "--out", str(out), "--json", str(js)]  # fmt: skip
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    (model,) = json.loads(js.read_text())["models"]
+    lat, mem = model["constraints"]
+    assert lat["exact_memory_ratio"] is not None and 0 <= lat["exact_gap"] <= 1
+    assert lat["memory_ratio"] <= lat["exact_memory_ratio"] + 1e-9
+    if mem["exact_latency_ratio"] is not None and mem["satisfied"]:
+        assert mem["latency_ratio"] <= mem["exact_latency_ratio"] + 1e-9
+    table = (out / "table.md").read_text()
+    assert "ilp lat<=1.1 (gap)" in table and f"(gap {lat['exact_gap']:.1%})" in table
