@@ -95,6 +95,23 @@ def test_fold_slice_of_cat():
     assert not any(res.graph.node(n).op == "aten.slice.Tensor" for n in res.graph.ops())
 
 
+def test_a_cat_along_its_default_dimension_is_read_by_the_cat_rules():
+    """`torch.cat(tensors)` is captured without its dimension (0, the default): the rules that
+    read a cat's dimension (a data-parallel gradient bucket met `merge_wgrads_of_cat` so and
+    raised IndexError) read the default, and a slice of it still folds."""
+    step = capture(
+        lambda a, b: torch.cat([a, b])[4:6] * 2,
+        torch.randn(4, 3, dtype=torch.float64),
+        torch.randn(2, 3, dtype=torch.float64),
+    )
+    cat = next(n for n in step.graph.ops() if step.graph.node(n).op == "aten.cat.default")
+    assert len(step.graph.node(cat).args) == 1  # the dimension left out by the trace
+    ctx = _ctx(step.graph, list(step.graph.program_order()))
+    assert list(MERGE_WGRADS_OF_CAT.match(ctx)) == []
+    ((res, _),) = _apply_and_verify(step, FOLD_SLICE_OF_CAT)
+    assert not any(res.graph.node(n).op == "aten.slice.Tensor" for n in res.graph.ops())
+
+
 def test_distributivity_both_ways():
     args = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
     step = capture(lambda a, b, c: a * c + b * c, *args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewritten, RuleKind, node_rule
-from magis.rules.taso.common import CAT, SLICE
+from magis.rules.taso.common import CAT, SLICE, cat_dim
 
 
 def slice_of_cat(graph: Graph, nid: int) -> Ref | None:
@@ -13,7 +13,7 @@ def slice_of_cat(graph: Graph, nid: int) -> Ref | None:
     if node.op != SLICE or len(node.args) < 4:
         return None
     src = graph.node(node.args[0].node)
-    if src.op != CAT or node.args[1] != (src.args[1] if len(src.args) > 1 else 0):
+    if src.op != CAT or node.args[1] != cat_dim(src):
         return None
     step = node.args[4] if len(node.args) > 4 else 1
     dim, start, end = node.args[1], node.args[2], node.args[3]

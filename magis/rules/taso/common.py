@@ -15,6 +15,14 @@ CONVOLUTION = "aten.convolution.default"
 NOTHING = TensorMeta((0,), "float32", 4)  # what a masked-out gradient is (an empty tensor)
 
 
+def cat_dim(node) -> int:
+    """The dimension a captured `aten.cat` joins along: its second argument, or the default 0
+    when the trace left it out (`torch.cat(tensors)`: a data-parallel step's gradient bucket)."""
+    if len(node.args) > 1:
+        return node.args[1]
+    return node.kwargs_dict.get("dim", 0)
+
+
 def add_cat(g: Graph, name: str, parts: list[Ref], dim: int) -> int:
     """A new `cat` of `parts` along `dim`."""
     metas = [g.meta(p) for p in parts]

@@ -23,6 +23,7 @@ from magis.rules.taso.common import (
     SLICE,
     add_cat,
     add_slice,
+    cat_dim,
     contiguous,
     conv_backward_mask,
     largest_first,
@@ -191,7 +192,7 @@ def wgrad_of_cat(graph: Graph, nid: int) -> list[Ref] | None:
     if args[7] or args[9] != 1:  # transposed or grouped
         return None
     cat = graph.node(args[1].node)
-    if cat.op != CAT or (cat.args[1] if len(cat.args) > 1 else 0) not in (1, -3):
+    if cat.op != CAT or cat_dim(cat) not in (1, -3):
         return None
     return list(cat.args[0]) if len(cat.args[0]) >= 2 else None
 
@@ -243,7 +244,7 @@ def cat_of_wgrads(graph: Graph, nid: int) -> list[int] | None:
     one output gradient and geometry, by consecutive input-channel slices of one weight, over
     the parts of one concatenation in order; else None."""
     node = graph.node(nid)
-    if node.op != CAT or node.args[1] != 1 or any(r.index != 1 for r in node.args[0]):
+    if node.op != CAT or cat_dim(node) != 1 or any(r.index != 1 for r in node.args[0]):
         return None
     pieces = [r.node for r in node.args[0]]
     nodes = [graph.node(p) for p in pieces]
@@ -271,7 +272,7 @@ def _cat_of(graph: Graph, parts: list[Ref]) -> int | None:
     """A channel concatenation of exactly `parts`, in order, or None."""
     for u in graph.users(parts[0].node):
         node = graph.node(u)
-        if node.op == CAT and list(node.args[0]) == parts and node.args[1] in (1, -3):
+        if node.op == CAT and list(node.args[0]) == parts and cat_dim(node) in (1, -3):
             return u
     return None
 
