@@ -148,13 +148,33 @@ _ATEN_OP = re.compile(r"aten\.\w+(?:\.\w+)?")
 
 
 def failed_op(exc: BaseException, logged: Sequence[str] = ()) -> str | None:
-    """The ATen op a capture failed at: named in `exc` or a cause, else the last one whose
-    fake kernel failed (`fake_kernel_failures_kept`)."""
+    """The ATen op a capture failed at: named in `exc` or a cause, else the innermost op being
+    dispatched in the traceback, else the last one whose fake kernel failed
+    (`fake_kernel_failures_kept`: torch does not log every such failure, depending on what ran
+    before in the process, so the log is the last resort)."""
     for link in _chain(exc):
         found = _ATEN_OP.search(str(link))
         if found:
             return found.group(0)
+    for link in _chain(exc):
+        op = _dispatched_op(link)
+        if op is not None:
+            return op
     return logged[-1] if logged else None
+
+
+def _dispatched_op(exc: BaseException) -> str | None:
+    """The innermost ATen operator a frame of `exc`'s traceback was dispatching (an
+    `OpOverload` held as `func` or `self` by the dispatch and fake-tensor frames)."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        for name in ("func", "self"):
+            value = tb.tb_frame.f_locals.get(name)
+            if isinstance(value, torch._ops.OpOverload) and value.namespace == "aten":
+                found = str(value)
+        tb = tb.tb_next
+    return found
 
 
 @contextlib.contextmanager

@@ -161,7 +161,7 @@ def test_a_capture_that_fails_fails_each_cell_of_the_workload_once(monkeypatch):
 
     calls = []
 
-    def broken(workload, hardware):
+    def broken(workload, hardware, kind=None):
         calls.append(workload)
         raise RuntimeError("no model")
 
