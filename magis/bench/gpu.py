@@ -334,10 +334,15 @@ def _profile(cost: CostModel, graph: Graph) -> None:
 
 
 def _searched(step, cost: CostModel, limit: dict, options: GpuBenchOptions):
+    """A plan for the prepared step as `magis.compile` searches it: the plans run on the
+    optimizer's own state tensors, so its rules keep that state where it is."""
     from magis.commands.optimize import optimize
+    from magis.train.compile import rules_keeping_state
 
     start = time.perf_counter()
-    plan = optimize(step, time_budget=options.time_budget, hardware=cost, **limit)
+    plan = optimize(
+        step, time_budget=options.time_budget, hardware=cost, rules=rules_keeping_state(), **limit
+    )
     return plan, time.perf_counter() - start
 
 
