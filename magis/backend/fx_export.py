@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from magis.backend import host_ops
 from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
@@ -59,15 +60,6 @@ class InductorUnsupportedError(UnsupportedOpError):
     """An op of the plan that Inductor cannot compile."""
 
 
-@dataclass(frozen=True)
-class HostCopy:
-    """A Store, Load or write-back to an offloaded input, run by the runner (no Inductor)."""
-
-    nid: int
-    source: Ref
-    into: Ref | None  # the placeholder a write-back fills
-
-
 @dataclass
 class Segment:
     """Nodes compiled together: its inputs (values made before it) and outputs (used later)."""
@@ -76,9 +68,6 @@ class Segment:
     inputs: list[Ref] = field(default_factory=list)
     outputs: list[Ref] = field(default_factory=list)
     compiled: Callable | None = None
-
-
-Step = Segment | HostCopy
 
 
 def value_numbers(graph: Graph, order: list[int]) -> dict[int, tuple]:
@@ -91,71 +80,57 @@ def value_numbers(graph: Graph, order: list[int]) -> dict[int, tuple]:
 
     for nid in order:
         node = graph.node(nid)
-        if node.is_placeholder or graph.info(nid).is_random or node.writes_into is not None:
+        info = graph.info(nid)
+        if node.is_placeholder or info.is_random or info.copy_stream or node.writes_into:
             keys[nid] = ("node", nid)
         else:
             keys[nid] = (node.op, repr(of(node.args)), repr(of(node.kwargs)))
     return keys
 
 
-def segments(graph: Graph, order: list[int]) -> list[Step]:
-    """The plan's order cut at its fixed points: every Store/Load, and before a node whose
-    value the current segment already computes (a recomputation)."""
+def segments(graph: Graph, order: list[int]) -> list[Segment]:
+    """The plan's order cut before every node whose value the current segment already
+    computes (a recomputation): no segment holds a value twice."""
     keys = value_numbers(graph, order)
-    steps: list[Step] = []
-    current: Segment | None = None
+    steps: list[Segment] = []
     seen: set[tuple] = set()
     for nid in order:
-        node = graph.node(nid)
-        if node.is_placeholder:
-            continue
-        if node.op in (STORE_OP, LOAD_OP):
-            steps.append(HostCopy(nid, node.inputs[0], node.writes_into))
-            current = None
+        if graph.node(nid).is_placeholder:
             continue
         is_view = graph.info(nid).is_view
-        if current is None or (not is_view and keys[nid] in seen):
-            current, seen = Segment([]), set()
-            steps.append(current)
-        current.nids.append(nid)
+        if not steps or (not is_view and keys[nid] in seen):
+            steps.append(Segment([]))
+            seen = set()
+        steps[-1].nids.append(nid)
         if not is_view:
             seen.add(keys[nid])
-    _wire(graph, order, steps)
+    _wire(graph, steps)
     return steps
 
 
-def _wire(graph: Graph, order: list[int], steps: list[Step]) -> None:
+def _wire(graph: Graph, steps: list[Segment]) -> None:
     """Fill each segment's inputs (values made before it; a view's base, the view taken again
-    inside) and outputs (values a later step or the graph's result reads)."""
-    where = {nid: k for k, s in enumerate(steps) for nid in _nids(s)}
+    inside) and outputs (values a later segment or the graph's result reads)."""
+    where = {nid: k for k, s in enumerate(steps) for nid in s.nids}
     needed_after: dict[int, set[Ref]] = {}
     for k, s in enumerate(steps):
-        if isinstance(s, Segment):
-            mine = set(s.nids)
-            reads = {r for nid in s.nids for r in _base_reads(graph, nid, mine)}
-            s.inputs = sorted(r for r in reads if r.node not in mine)
-        else:
-            s_reads = [s.source, *([s.into] if s.into is not None else [])]
-            reads = set(s_reads)
-        for ref in reads:
+        mine = set(s.nids)
+        reads = {r for nid in s.nids for r in _base_reads(graph, nid, mine)}
+        s.inputs = sorted(r for r in reads if r.node not in mine)
+        for ref in s.inputs:
             made = where.get(ref.node)
-            if made is not None and made != k:
+            if made is not None:
                 needed_after.setdefault(made, set()).add(ref)
     for ref in graph.outputs:
         made = where.get(ref.node)
         if made is not None:
             needed_after.setdefault(made, set()).add(ref)
-    for k, s in enumerate(steps):
-        if isinstance(s, Segment):  # a write's value is its input's tensor: not an output
-            s.outputs = sorted(r for r in needed_after.get(k, ()) if not _is_write(graph, r))
+    for k, s in enumerate(steps):  # a write's value is its input's tensor: not an output
+        s.outputs = sorted(r for r in needed_after.get(k, ()) if not _is_write(graph, r))
 
 
 def _is_write(graph: Graph, ref: Ref) -> bool:
     return graph.node(ref.node).writes_into is not None
-
-
-def _nids(step: Step) -> list[int]:
-    return step.nids if isinstance(step, Segment) else [step.nid]
 
 
 def _reads(graph: Graph, nid: int) -> list[Ref]:
@@ -188,9 +163,12 @@ def _chain_inputs(graph: Graph, ref: Ref, mine: set[int]) -> list[Ref]:
     return extra
 
 
-def segment_module(graph: Graph, seg: Segment, device: torch.device) -> fx.GraphModule:
+def segment_module(
+    graph: Graph, seg: Segment, device: torch.device, pool: int
+) -> fx.GraphModule:
     """The segment as an FX GraphModule of ATen calls: its inputs as placeholders, in-place
-    writes as `aten.copy_` into the written input, its outputs as a tuple."""
+    writes as `aten.copy_` into the written input, Store/Load as `magis::store` / `load` of
+    host pool number `pool` (`magis.backend.host_ops`), its outputs as a tuple."""
     g = fx.Graph()
     env: dict[Ref, fx.Node] = {r: g.placeholder(f"in{i}") for i, r in enumerate(seg.inputs)}
 
@@ -209,6 +187,9 @@ def segment_module(graph: Graph, seg: Segment, device: torch.device) -> fx.Graph
 
     def emit(nid: int) -> None:
         node = graph.node(nid)
+        if node.op in (STORE_OP, LOAD_OP):
+            env[Ref(nid)] = host_copy(node)
+            return
         overload = check_node(node, f"node {node.id} ({shown(node.name)})")
         call = g.call_function(overload, arg(node.args), {k: arg(v) for k, v in node.kwargs})
         if node.writes_into is not None:
@@ -218,6 +199,16 @@ def segment_module(graph: Graph, seg: Segment, device: torch.device) -> fx.Graph
         else:
             for i in range(len(node.outputs)):
                 env[Ref(nid, i)] = g.call_function(operator.getitem, (call, i))
+
+    def host_copy(node) -> fx.Node:
+        x = value(node.inputs[0])
+        if node.writes_into is not None:
+            into = value(node.writes_into)
+            g.call_function(torch.ops.magis.store_into.default, (x, into, pool))
+            return into
+        if node.op == STORE_OP:
+            return g.call_function(torch.ops.magis.store.default, (x, pool))
+        return g.call_function(torch.ops.magis.load.default, (x, pool, device))
 
     for nid in seg.nids:
         emit(nid)
@@ -230,7 +221,9 @@ def _returns_list(overload) -> bool:
     return len(returns) != 1 or isinstance(returns[0].type, torch.ListType)
 
 
-def compile_segment(graph: Graph, seg: Segment, inputs: list[torch.Tensor]) -> Callable:
+def compile_segment(
+    graph: Graph, seg: Segment, inputs: list[torch.Tensor], pool: HostPool
+) -> Callable:
     """Inductor's compiled function of `seg` for these example inputs (called with a list,
     which it empties: an input dies inside the segment at its last use)."""
     from torch._inductor import config
@@ -239,7 +232,7 @@ def compile_segment(graph: Graph, seg: Segment, inputs: list[torch.Tensor]) -> C
     from torch.fx.experimental.proxy_tensor import make_fx
 
     device = inputs[0].device if inputs else torch.device("cpu")
-    gm = segment_module(graph, seg, device)
+    gm = segment_module(graph, seg, device, host_ops.pool_number(pool))
     try:
         with config.patch(INDUCTOR_CONFIG):
             # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
