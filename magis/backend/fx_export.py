@@ -70,22 +70,25 @@ class Segment:
     compiled: Callable | None = None
 
 
-def value_numbers(graph: Graph, order: list[int]) -> dict[int, tuple]:
-    """A key per node, equal for two nodes that compute the same value from the same inputs
-    (a recomputation and its original); random ops and placeholders key by their own id."""
-    keys: dict[int, tuple] = {}
+def value_numbers(graph: Graph, order: list[int]) -> dict[int, int]:
+    """A number per node, equal for two nodes that compute the same value from the same inputs
+    (a recomputation and its original): hash-consing over (op, constants, inputs' numbers).
+    Random ops, host copies, in-place writes and placeholders are numbered by their own id."""
+    numbers: dict[int, int] = {}
+    table: dict[tuple, int] = {}
 
     def of(value):
-        return map_refs(value, lambda r: (keys[r.node], r.index))
+        return map_refs(value, lambda r: (numbers[r.node], r.index))
 
     for nid in order:
         node = graph.node(nid)
         info = graph.info(nid)
         if node.is_placeholder or info.is_random or info.copy_stream or node.writes_into:
-            keys[nid] = ("node", nid)
+            key: tuple = ("node", nid)
         else:
-            keys[nid] = (node.op, repr(of(node.args)), repr(of(node.kwargs)))
-    return keys
+            key = (node.op, repr(of(node.args)), repr(of(node.kwargs)))
+        numbers[nid] = table.setdefault(key, len(table))
+    return numbers
 
 
 def segments(graph: Graph, order: list[int]) -> list[Segment]:
@@ -93,7 +96,7 @@ def segments(graph: Graph, order: list[int]) -> list[Segment]:
     computes (a recomputation): no segment holds a value twice."""
     keys = value_numbers(graph, order)
     steps: list[Segment] = []
-    seen: set[tuple] = set()
+    seen: set[int] = set()
     for nid in order:
         if graph.node(nid).is_placeholder:
             continue
@@ -163,9 +166,7 @@ def _chain_inputs(graph: Graph, ref: Ref, mine: set[int]) -> list[Ref]:
     return extra
 
 
-def segment_module(
-    graph: Graph, seg: Segment, device: torch.device, pool: int
-) -> fx.GraphModule:
+def segment_module(graph: Graph, seg: Segment, device: torch.device, pool: int) -> fx.GraphModule:
     """The segment as an FX GraphModule of ATen calls: its inputs as placeholders, in-place
     writes as `aten.copy_` into the written input, Store/Load as `magis::store` / `load` of
     host pool number `pool` (`magis.backend.host_ops`), its outputs as a tuple."""
@@ -226,7 +227,7 @@ def compile_segment(
 ) -> Callable:
     """Inductor's compiled function of `seg` for these example inputs (called with a list,
     which it empties: an input dies inside the segment at its last use)."""
-    from torch._inductor import config
+    from torch._inductor import config  # Inductor loads on the first compile only
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -237,7 +238,11 @@ def compile_segment(
         with config.patch(INDUCTOR_CONFIG):
             # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
             # job in torch.compile): traced here, without functionalization or CSE.
-            traced = make_fx(gm, decomposition_table=select_decomp_table(), tracing_mode="fake")
+            # Random ops are kept whole: with `fallback_random` Inductor runs eager's kernel on
+            # them, so a dropout mask is eager's (decomposed, bernoulli draws other numbers).
+            random = {check_node(graph.node(n), "") for n in seg.nids if graph.info(n).is_random}
+            table = {k: v for k, v in select_decomp_table().items() if k not in random}
+            traced = make_fx(gm, decomposition_table=table, tracing_mode="fake")
             return compile_fx_inner(traced(*inputs), inputs)
     except Exception as exc:  # Inductor's lowering errors have no common public base
         raise InductorUnsupportedError(_unsupported(graph, seg, exc)) from exc
@@ -247,8 +252,7 @@ def _unsupported(graph: Graph, seg: Segment, exc: Exception) -> str:
     text = str(exc)
     for nid in seg.nids:
         node = graph.node(nid)
-        packet = node.op.rsplit(".", 1)[0].removeprefix("aten.")
-        if packet and packet in text:
+        if node.op in text:
             return f"Inductor cannot compile {node.op} (node {shown(node.name)}): {_first(text)}"
     return f"Inductor cannot compile a segment of {len(seg.nids)} nodes: {_first(text)}"
 

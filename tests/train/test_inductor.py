@@ -29,7 +29,9 @@ def _one_thread():
 
 def mlp() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)
+    )
     gen = torch.Generator().manual_seed(0)
     return model, (torch.randn(64, 16, generator=gen), torch.randint(0, 4, (64,), generator=gen))
 
@@ -86,7 +88,7 @@ def test_a_zoo_workload_trains_as_eager_through_inductor(float64):
     def loss_fn(m, *xs):
         return wl.loss_fn(m(xs[0]), *xs)
 
-    loss_err, (err, where), step = train_inductor(model, batch, loss_fn, 0.6)
+    loss_err, (err, where), step = train_inductor(model, batch, loss_fn, 0.4)
     assert fixed_points(step) >= 1, "the plan holds no recomputation or Store/Load"
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
 
@@ -94,7 +96,9 @@ def test_a_zoo_workload_trains_as_eager_through_inductor(float64):
 def test_no_segment_holds_a_recomputation_with_its_original(float64):
     model, batch = mlp()
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-    step = compile(model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="inductor", **SEARCH)
+    step = compile(
+        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="inductor", **SEARCH
+    )
     graph, order = step.plan.graph, step.plan.order
     keys = fx_export.value_numbers(graph, order)
     steps = segments(graph, order)
@@ -116,13 +120,15 @@ def test_an_unknown_compiler_is_one_line(float64):
 def test_an_op_inductor_cannot_compile_is_one_line_naming_it(float64, monkeypatch):
     model, batch = mlp()
     opt = torch.optim.AdamW(model.parameters())
-    step = compile(model, opt, batch, loss_fn=mlp_loss, mem_limit=0.9, compiler="inductor", **SEARCH)
-    # Inductor without implicit fallbacks refuses an op it has no lowering for (here, gelu's).
+    step = compile(
+        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.9, compiler="inductor", **SEARCH
+    )
+    # Inductor without implicit fallbacks refuses an op it has no lowering for (here, mm's).
     monkeypatch.setitem(fx_export.INDUCTOR_CONFIG, "implicit_fallbacks", False)
     from torch._inductor import lowering
 
-    monkeypatch.delitem(lowering.lowerings, torch.ops.aten.gelu.default)
+    monkeypatch.delitem(lowering.lowerings, torch.ops.aten.mm.default)
     with pytest.raises(InductorUnsupportedError) as info:
         step(*batch)
     message = str(info.value)
-    assert "\n" not in message and "aten.gelu.default" in message, message
+    assert "\n" not in message and "aten.mm.default" in message, message
