@@ -116,7 +116,7 @@ def _wire(graph: Graph, steps: list[Segment]) -> None:
     inside) and outputs (values a later segment or the graph's result reads)."""
     where = {nid: k for k, s in enumerate(steps) for nid in s.nids}
     needed_after: dict[int, set[Ref]] = {}
-    for k, s in enumerate(steps):
+    for s in steps:
         mine = set(s.nids)
         reads = {r for nid in s.nids for r in _base_reads(graph, nid, mine)}
         s.inputs = sorted(r for r in reads if r.node not in mine)
