@@ -115,6 +115,11 @@ def test_an_unknown_compiler_is_one_line(float64):
     opt = torch.optim.AdamW(model.parameters())
     with pytest.raises(CompileError, match="unknown compiler='xla'"):
         compile(model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="xla", **SEARCH)
+    with pytest.raises(CompileError, match="measure=True") as info:
+        compile(
+            model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="inductor", measure=True
+        )
+    assert "\n" not in str(info.value)
 
 
 def test_an_op_inductor_cannot_compile_is_one_line_naming_it(float64, monkeypatch):
