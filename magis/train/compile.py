@@ -187,6 +187,7 @@ def compile_program_order(
     clip_grad_norm: float | None = None,
     measure: bool = False,
     cuda_graph: bool | None = None,
+    compiler: str = "python",
 ) -> TrainStep:
     """`compile` without a search: the captured program order as its plan. The baseline of
     `magis.bench.train` (what running a plan costs beside eager PyTorch); its plan cannot be
@@ -201,7 +202,7 @@ def compile_program_order(
     )
     graph = prepared.step.graph
     order = ProgramOrder(graph, graph.program_order())
-    return prepared.train_step(order, measure, cuda_graph)
+    return prepared.train_step(order, measure, cuda_graph, compiler)
 
 
 @dataclass(frozen=True)
