@@ -2,12 +2,15 @@
 
 The plan (graph + order) is cut into SEGMENTS, each emitted as an ATen-level FX GraphModule and
 compiled by `torch._inductor.compile_fx.compile_fx_inner`; between segments a small Python
-runner passes the tensors on, runs the Store/Load copies (`magis.backend.runtime.HostPool`, as
-the generated Python does) and drops every value after its last segment. Why segments, and why
-these configuration switches:
+runner (`magis.backend.inductor`) passes the tensors on and drops every value after its last
+segment. Why segments, and why these configuration switches:
 
-- **Store and Load stay.** They are host copies, not ATen ops Inductor could lower: each is a
-  fixed point run by the runner between two segments, so Inductor cannot drop or move one.
+- **Store and Load stay.** They are opaque custom ops (`magis.backend.host_ops`) whose copies
+  the program's `HostPool` makes, as in the generated Python: Inductor runs them as fallback
+  kernels at their place, never drops one (its output is read) and, with re-ordering off,
+  never moves one. (A first version cut a segment at each of them instead: an MLP's AdamW
+  plan, whose offloaded state is loaded and stored per parameter, became 33 segments and 38 s
+  of compiling; as ops, it is one segment.)
 - **A recomputation stays a recomputation.** Two nodes computing the same value (equal op and
   constants over equal inputs, by value numbering) never share a segment: nothing inside one
   compiled graph can merge the copy back into its original (Inductor's kernel CSE, a pattern
