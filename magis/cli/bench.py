@@ -376,6 +376,9 @@ def bench_train_cmd(
     ] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed steps of each.")] = 5,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")] = "adamw",
+    compiler: Annotated[
+        str, typer.Option("--compiler", help="python (generated code) or inductor.")
+    ] = "python",
     json_path: JsonOpt = None,
 ) -> None:
     """Median step time of `magis.compile`'s training step with a program-order plan against
@@ -385,11 +388,15 @@ def bench_train_cmd(
 
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"--optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    if compiler not in ("python", "inductor"):
+        raise UsageError(f"--compiler {compiler!r}: choose python or inductor")
     names = workloads or [w.name for w in list_workloads() if w.size == "small"]
     for name in names:
         get_workload(name)  # an unknown name fails before any timing
     with spinner("bench train") as progress:
-        rows = bench_train(names, repeats=repeats, optimizer=optimizer, progress=progress)
+        rows = bench_train(
+            names, repeats=repeats, optimizer=optimizer, progress=progress, compiler=compiler
+        )
     table = Table("workload", "optimizer", "eager s", "magis s", "magis / eager", "capture s")
     for r in rows:
         table.add_row(

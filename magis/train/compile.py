@@ -58,7 +58,7 @@ from magis.ir import Graph
 from magis.plan import Plan
 from magis.rules import OFFLOAD_STATE, RESTORE_STATE, Rule, rules_in_search_order
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
-from magis.train.step import BatchError, BatchSpec, TrainStep
+from magis.train.step import COMPILERS, BatchError, BatchSpec, TrainStep
 
 if TYPE_CHECKING:
     from magis.cost import CostModel
@@ -92,6 +92,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     process_group=None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     link: str = "nvlink",
+    compiler: str = "python",
 ) -> TrainStep:
     """A `TrainStep` training `model` with `optimizer`: `loss = train_step(*batch, **kwargs)`.
 
@@ -105,8 +106,16 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     CUDA graph from the second call on (`magis.train.cuda_graph`); `cuda_graph=False` runs it
     as generated code every call. `parallel="ddp"` averages the gradients over `process_group`
     (default: the world) in all-reduces of `bucket_bytes`, priced over `link`
-    (`magis.cost.links`); rank 0 plans, every rank runs its plan.
+    (`magis.cost.links`); rank 0 plans, every rank runs its plan. `compiler="inductor"` runs
+    the plan compiled by Inductor, its memory decisions kept (`magis.backend.fx_export`).
     """
+    if compiler not in COMPILERS:
+        raise CompileError(f"unknown compiler={compiler!r}; choose one of {', '.join(COMPILERS)}")
+    if measure and compiler == "inductor":  # its kernels allocate outside the dispatcher
+        raise CompileError(
+            "measure=True counts the memory of ops dispatched one by one, and Inductor's "
+            "kernels allocate outside the dispatcher: measure with compiler='python'"
+        )
     _check_limits(mem_limit, lat_limit, plan)
     group = _parallel_of(parallel, process_group, bucket_bytes)
     prepared = prepare_step(
@@ -122,7 +131,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
         chosen = _plan_for(
             prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
         )
-        return prepared.train_step(chosen, measure, cuda_graph)
+        return prepared.train_step(chosen, measure, cuda_graph, compiler)
     from magis.train.distributed import check_same_plan, shared_plan
 
     if hardware is None or isinstance(hardware, str):
@@ -141,7 +150,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     check_plan_fits(chosen, prepared.step)
     check_collectives(chosen.graph, group)
     check_same_plan(chosen, pg)
-    return prepared.train_step(chosen, measure, cuda_graph)
+    return prepared.train_step(chosen, measure, cuda_graph, compiler)
 
 
 PARALLEL = ("ddp",)
@@ -179,6 +188,7 @@ def compile_program_order(
     clip_grad_norm: float | None = None,
     measure: bool = False,
     cuda_graph: bool | None = None,
+    compiler: str = "python",
 ) -> TrainStep:
     """`compile` without a search: the captured program order as its plan. The baseline of
     `magis.bench.train` (what running a plan costs beside eager PyTorch); its plan cannot be
@@ -193,7 +203,7 @@ def compile_program_order(
     )
     graph = prepared.step.graph
     order = ProgramOrder(graph, graph.program_order())
-    return prepared.train_step(order, measure, cuda_graph)
+    return prepared.train_step(order, measure, cuda_graph, compiler)
 
 
 @dataclass(frozen=True)
@@ -217,7 +227,13 @@ class PreparedStep:
     device: torch.device
     clip_grad_norm: float | None  # the norm the rule clips to (its scalar input each call)
 
-    def train_step(self, plan, measure: bool = False, cuda_graph: bool | None = None) -> TrainStep:
+    def train_step(
+        self,
+        plan,
+        measure: bool = False,
+        cuda_graph: bool | None = None,
+        compiler: str = "python",
+    ) -> TrainStep:
         return TrainStep(
             self.model,
             self.optimizer,
@@ -229,6 +245,7 @@ class PreparedStep:
             clip_grad_norm=self.clip_grad_norm,
             measure=measure,
             cuda_graph=cuda_graph,
+            compiler=compiler,
         )
 
 

@@ -136,6 +136,7 @@ class TrainStep:
         clip_grad_norm: float | None = None,
         measure: bool = False,
         cuda_graph: bool | None = None,
+        compiler: str = "python",
     ) -> None:
         self.model, self.optimizer, self.step, self.batch = model, optimizer, step, batch
         self._plan = plan
@@ -155,7 +156,8 @@ class TrainStep:
         self._scalars = torch.zeros(n_scalars, dtype=torch.float64, device=self.device)
         self._scalar_views = [self._scalars[i] for i in range(n_scalars)]
         self._constants = [c.to(self.device) for c in step.program_inputs([])]
-        self.program = compile_program(plan.graph, plan.order, self.device)
+        self.compiler = compiler
+        self.program = _program(plan, self.device, compiler)
         # A CUDA graph replays the program (magis.train.cuda_graph): on by default on a GPU;
         # `measure` needs the program's ops dispatched one by one, so it runs without one.
         on_gpu = self.device.type == "cuda"
@@ -163,7 +165,9 @@ class TrainStep:
             raise BatchError(
                 f"cuda_graph=True needs a model on a GPU; this one is on {self.device}"
             )
+        # Inductor's segments are not captured as one CUDA graph here (yet).
         self.cuda_graph = on_gpu and cuda_graph is not False and not measure
+        self.cuda_graph = self.cuda_graph and compiler == "python"
         self._graphed: GraphedProgram | None = None
 
     @property
@@ -254,6 +258,21 @@ class TrainStep:
             f"TrainStep({type(self.model).__name__}, {type(self.optimizer).__name__}, "
             f"{len(self.plan.order)} nodes on {self.device})"
         )
+
+
+COMPILERS = ("python", "inductor")
+
+
+def _program(plan: Plan, device: torch.device, compiler: str):
+    """The plan's program: generated Python (`magis.backend.codegen`) or Inductor-compiled
+    segments (`magis.backend.inductor`, compiled on the first call)."""
+    if compiler == "python":
+        return compile_program(plan.graph, plan.order, device)
+    if compiler == "inductor":
+        from magis.backend.inductor import InductorProgram
+
+        return InductorProgram(plan.graph, plan.order, device)
+    raise BatchError(f"unknown compiler={compiler!r}; choose one of {', '.join(COMPILERS)}")
 
 
 def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:

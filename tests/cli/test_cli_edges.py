@@ -556,6 +556,12 @@ def test_bench_train_times_a_program_order_step_against_eager(capsys, tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["workload"] == "bert-base:tiny" and row["eager_s"] > 0 and row["magis_s"] > 0
     assert row["ratio"] == pytest.approx(row["magis_s"] / row["eager_s"])
+    assert row["compiler"] == "python"
+
+
+def test_bench_train_refuses_an_unknown_compiler_in_one_line(capsys):
+    code, _, err = invoke(capsys, "bench", "train", "bert-base:tiny", "--compiler", "xla")
+    assert code == 2 and "--compiler 'xla'" in one_line(err)
 
 
 # --- 10. no traceback without --debug ----------------------------------------------------------

@@ -1,0 +1,265 @@
+"""A plan's program compiled by Inductor, its memory decisions kept (issue 43).
+
+The plan (graph + order) is cut into SEGMENTS, each emitted as an ATen-level FX GraphModule and
+compiled by `torch._inductor.compile_fx.compile_fx_inner`; between segments a small Python
+runner (`magis.backend.inductor`) passes the tensors on and drops every value after its last
+segment. Why segments, and why these configuration switches:
+
+- **Store and Load stay.** They are opaque custom ops (`magis.backend.host_ops`) whose copies
+  the program's `HostPool` makes, as in the generated Python: Inductor runs them as fallback
+  kernels at their place, never drops one (its output is read) and, with re-ordering off,
+  never moves one. (A first version cut a segment at each of them instead: an MLP's AdamW
+  plan, whose offloaded state is loaded and stored per parameter, became 33 segments and 38 s
+  of compiling; as ops, it is one segment.)
+- **A recomputation stays a recomputation.** Two nodes computing the same value (equal op and
+  constants over equal inputs, by value numbering) never share a segment: nothing inside one
+  compiled graph can merge the copy back into its original (Inductor's kernel CSE, a pattern
+  match) or hoist it next to the original, which would keep its output alive all along. Views
+  are exempt: they allocate nothing, merging them costs no memory.
+- **Order inside a segment.** `reorder_for_locality` and `reorder_for_peak_memory` are off:
+  Inductor's scheduler then keeps the FX order, which is the plan's, and changes it only by
+  fusing (a pointwise chain becomes one kernel and its intermediates are never allocated, which
+  lowers the peak, never raises it). `pattern_matcher` is off so that the ops run are the plan's
+  ops, and `fallback_random` is on so that a random op draws eager's numbers (eager's kernel).
+- **No AOTAutograd.** `compile_fx_inner` takes the graph as it is: AOTAutograd's joint-graph
+  CSE and partitioner, which would re-decide what is saved and recomputed, never run.
+- **In-place stays in place.** A node that writes into an input (a parameter's or optimizer
+  state's update) is `aten.copy_(input, value)` in its segment: Inductor writes the input's
+  own storage, as functionalized graphs' input mutations are compiled. A view that a segment
+  reads is re-emitted inside it from its base, so Inductor sees the alias to a written input.
+- **Compiled on the first call**, with that call's tensors as examples: a segment's inputs are
+  the previous segments' outputs, whose strides are Inductor's choice and known only then.
+
+An op Inductor cannot compile is a one-line `InductorUnsupportedError` naming the op and node.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from magis.backend import host_ops
+from magis.backend.runtime import HostPool
+from magis.errors import UnsupportedOpError
+from magis.ir import Graph, Ref
+from magis.ir.node import map_refs
+from magis.ir.ops import LOAD_OP, STORE_OP
+from magis.ir.schema import check_node, shown
+
+# Inductor's configuration while a segment compiles (see the module docstring for each).
+INDUCTOR_CONFIG = {
+    "reorder_for_locality": False,
+    "reorder_for_peak_memory": False,
+    "pattern_matcher": False,
+    "fallback_random": True,
+}
+
+
+class InductorUnsupportedError(UnsupportedOpError):
+    """An op of the plan that Inductor cannot compile."""
+
+
+@dataclass
+class Segment:
+    """Nodes compiled together: its inputs (values made before it) and outputs (used later)."""
+
+    nids: list[int]
+    inputs: list[Ref] = field(default_factory=list)
+    outputs: list[Ref] = field(default_factory=list)
+    compiled: Callable | None = None
+
+
+def value_numbers(graph: Graph, order: list[int]) -> dict[int, int]:
+    """A number per node, equal for two nodes that compute the same value from the same inputs
+    (a recomputation and its original): hash-consing over (op, constants, inputs' numbers).
+    Random ops, host copies, in-place writes and placeholders are numbered by their own id."""
+    numbers: dict[int, int] = {}
+    table: dict[tuple, int] = {}
+
+    def of(value):
+        return map_refs(value, lambda r: (numbers[r.node], r.index))
+
+    for nid in order:
+        node = graph.node(nid)
+        info = graph.info(nid)
+        if node.is_placeholder or info.is_random or info.copy_stream or node.writes_into:
+            key: tuple = ("node", nid)
+        else:
+            key = (node.op, repr(of(node.args)), repr(of(node.kwargs)))
+        numbers[nid] = table.setdefault(key, len(table))
+    return numbers
+
+
+def segments(graph: Graph, order: list[int]) -> list[Segment]:
+    """The plan's order cut before every node whose value the current segment already
+    computes (a recomputation): no segment holds a value twice."""
+    keys = value_numbers(graph, order)
+    steps: list[Segment] = []
+    seen: set[int] = set()
+    for nid in order:
+        if graph.node(nid).is_placeholder:
+            continue
+        is_view = graph.info(nid).is_view
+        if not steps or (not is_view and keys[nid] in seen):
+            steps.append(Segment([]))
+            seen = set()
+        steps[-1].nids.append(nid)
+        if not is_view:
+            seen.add(keys[nid])
+    _wire(graph, steps)
+    return steps
+
+
+def _wire(graph: Graph, steps: list[Segment]) -> None:
+    """Fill each segment's inputs (values made before it; a view's base, the view taken again
+    inside) and outputs (values a later segment or the graph's result reads)."""
+    where = {nid: k for k, s in enumerate(steps) for nid in s.nids}
+    needed_after: dict[int, set[Ref]] = {}
+    for s in steps:
+        mine = set(s.nids)
+        reads = {r for nid in s.nids for r in _base_reads(graph, nid, mine)}
+        s.inputs = sorted(r for r in reads if r.node not in mine)
+        for ref in s.inputs:
+            made = where.get(ref.node)
+            if made is not None:
+                needed_after.setdefault(made, set()).add(ref)
+    for ref in graph.outputs:
+        made = where.get(ref.node)
+        if made is not None:
+            needed_after.setdefault(made, set()).add(ref)
+    for k, s in enumerate(steps):  # a write's value is its input's tensor: not an output
+        s.outputs = sorted(r for r in needed_after.get(k, ()) if not _is_write(graph, r))
+
+
+def _is_write(graph: Graph, ref: Ref) -> bool:
+    return graph.node(ref.node).writes_into is not None
+
+
+def _reads(graph: Graph, nid: int) -> list[Ref]:
+    node = graph.node(nid)
+    return [*node.inputs, *([node.writes_into] if node.writes_into is not None else [])]
+
+
+def _view_base(graph: Graph, ref: Ref, mine: set[int]) -> Ref:
+    """The non-view value a view made outside the segment is taken of (re-emitted inside)."""
+    while ref.node not in mine and graph.info(ref.node).is_view and graph.node(ref.node).inputs:
+        ref = graph.node(ref.node).inputs[0]
+    return ref
+
+
+def _base_reads(graph: Graph, nid: int, mine: set[int]) -> list[Ref]:
+    out = []
+    for ref in _reads(graph, nid):
+        base = _view_base(graph, ref, mine)
+        if base != ref:  # the view chain's own other inputs (none for plain views)
+            out.extend(_chain_inputs(graph, ref, mine))
+        out.append(base)
+    return out
+
+
+def _chain_inputs(graph: Graph, ref: Ref, mine: set[int]) -> list[Ref]:
+    extra = []
+    while ref.node not in mine and graph.info(ref.node).is_view and graph.node(ref.node).inputs:
+        extra.extend(graph.node(ref.node).inputs[1:])
+        ref = graph.node(ref.node).inputs[0]
+    return extra
+
+
+def segment_module(graph: Graph, seg: Segment, device: torch.device, pool: int) -> fx.GraphModule:
+    """The segment as an FX GraphModule of ATen calls: its inputs as placeholders, in-place
+    writes as `aten.copy_` into the written input, Store/Load as `magis::store` / `load` of
+    host pool number `pool` (`magis.backend.host_ops`), its outputs as a tuple."""
+    g = fx.Graph()
+    env: dict[Ref, fx.Node] = {r: g.placeholder(f"in{i}") for i, r in enumerate(seg.inputs)}
+
+    def value(ref: Ref) -> fx.Node:
+        if ref not in env:  # a view made outside: taken again of its base here
+            node = graph.node(ref.node)
+            emit(ref.node)
+            if ref not in env:
+                raise InductorUnsupportedError(f"{node.op} ({shown(node.name)}): no value")
+        return env[ref]
+
+    def arg(v):
+        if isinstance(v, torch.device):
+            return device
+        return map_refs(v, value)
+
+    def emit(nid: int) -> None:
+        node = graph.node(nid)
+        if node.op in (STORE_OP, LOAD_OP):
+            env[Ref(nid)] = host_copy(node)
+            return
+        overload = check_node(node, f"node {node.id} ({shown(node.name)})")
+        call = g.call_function(overload, arg(node.args), {k: arg(v) for k, v in node.kwargs})
+        if node.writes_into is not None:
+            call = g.call_function(torch.ops.aten.copy_.default, (value(node.writes_into), call))
+        if len(node.outputs) == 1 and not _returns_list(overload):
+            env[Ref(nid)] = call
+        else:
+            for i in range(len(node.outputs)):
+                env[Ref(nid, i)] = g.call_function(operator.getitem, (call, i))
+
+    def host_copy(node) -> fx.Node:
+        x = value(node.inputs[0])
+        if node.writes_into is not None:
+            into = value(node.writes_into)
+            g.call_function(torch.ops.magis.store_into.default, (x, into, pool))
+            return into
+        if node.op == STORE_OP:
+            return g.call_function(torch.ops.magis.store.default, (x, pool))
+        return g.call_function(torch.ops.magis.load.default, (x, pool, device))
+
+    for nid in seg.nids:
+        emit(nid)
+    g.output(tuple(env[r] for r in seg.outputs))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _returns_list(overload) -> bool:
+    returns = overload._schema.returns
+    return len(returns) != 1 or isinstance(returns[0].type, torch.ListType)
+
+
+def compile_segment(
+    graph: Graph, seg: Segment, inputs: list[torch.Tensor], pool: HostPool
+) -> Callable:
+    """Inductor's compiled function of `seg` for these example inputs (called with a list,
+    which it empties: an input dies inside the segment at its last use)."""
+    from torch._inductor import config  # Inductor loads on the first compile only
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    device = inputs[0].device if inputs else torch.device("cpu")
+    gm = segment_module(graph, seg, device, host_ops.pool_number(pool))
+    try:
+        with config.patch(INDUCTOR_CONFIG):
+            # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
+            # job in torch.compile): traced here, without functionalization or CSE.
+            # Random ops are kept whole: with `fallback_random` Inductor runs eager's kernel on
+            # them, so a dropout mask is eager's (decomposed, bernoulli draws other numbers).
+            random = {check_node(graph.node(n), "") for n in seg.nids if graph.info(n).is_random}
+            table = {k: v for k, v in select_decomp_table().items() if k not in random}
+            traced = make_fx(gm, decomposition_table=table, tracing_mode="fake")
+            return compile_fx_inner(traced(*inputs), inputs)
+    except Exception as exc:  # Inductor's lowering errors have no common public base
+        raise InductorUnsupportedError(_unsupported(graph, seg, exc)) from exc
+
+
+def _unsupported(graph: Graph, seg: Segment, exc: Exception) -> str:
+    text = str(exc)
+    for nid in seg.nids:
+        node = graph.node(nid)
+        if node.op in text:
+            return f"Inductor cannot compile {node.op} (node {shown(node.name)}): {_first(text)}"
+    return f"Inductor cannot compile a segment of {len(seg.nids)} nodes: {_first(text)}"
+
+
+def _first(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0][:200] if lines else "no message"
