@@ -21,6 +21,7 @@ from magis.cli.output import (
     spinner,
     write_json,
 )
+from magis.cli.tables import show_compare
 
 bench_app = typer.Typer(
     no_args_is_help=True,
@@ -114,19 +115,6 @@ def _split_names(text: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in (text or "").split(",") if x.strip())
 
 
-def _print_compare(rep) -> None:
-    from magis.bench.compare_report import constraint_table
-    from magis.bench.constraints import CONSTRAINTS
-
-    for c in CONSTRAINTS:
-        workloads, rows = constraint_table(rep, c)
-        what = "memory ratio" if c.mode.value == "lat-limit" else "latency overhead"
-        table = Table("method", *workloads, title=f"{what} under {c.label}")
-        for cells in rows:
-            table.add_row(*[f"[red]{x}[/red]" if x == "FAILURE" else x for x in cells])
-        console.print(table)
-
-
 @bench_app.command("compare")
 def bench_compare_cmd(
     workloads: Annotated[
@@ -168,7 +156,7 @@ def bench_compare_cmd(
     runner = _runner(jobs, ray)
     with progress_bar("compare") as progress:
         rep = run_compare(options, progress, runner)
-    _print_compare(rep)
+    show_compare(rep)
     _finish_bench(rep, out, json_path)
 
 

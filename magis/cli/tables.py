@@ -144,3 +144,17 @@ def show_layout_run(rep) -> None:
             f"with the arena reserved {gib(rep.cuda_arena_reserved_peak_bytes)}",
         )
     console.print(table)
+
+
+def show_compare(rep) -> None:
+    """`magis bench compare`'s tables: per constraint, each method's figure per workload."""
+    from magis.bench.compare_report import constraint_table
+    from magis.bench.constraints import CONSTRAINTS
+
+    for c in CONSTRAINTS:
+        workloads, rows = constraint_table(rep, c)
+        what = "memory ratio" if c.mode.value == "lat-limit" else "latency overhead"
+        table = Table("method", *workloads, title=f"{what} under {c.label}")
+        for cells in rows:
+            table.add_row(*[f"[red]{x}[/red]" if x == "FAILURE" else x for x in cells])
+        console.print(table)
