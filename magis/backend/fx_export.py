@@ -232,7 +232,6 @@ def compile_segment(
     which it empties: an input dies inside the segment at its last use)."""
     from torch._inductor import config  # Inductor loads on the first compile only
     from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     device = inputs[0].device if inputs else torch.device("cpu")
@@ -244,11 +243,28 @@ def compile_segment(
             # Random ops are kept whole: with `fallback_random` Inductor runs eager's kernel on
             # them, so a dropout mask is eager's (decomposed, bernoulli draws other numbers).
             random = {check_node(graph.node(n), "") for n in seg.nids if graph.info(n).is_random}
-            table = {k: v for k, v in select_decomp_table().items() if k not in random}
+            table = {k: v for k, v in _decompositions().items() if k not in random}
             traced = make_fx(gm, decomposition_table=table, tracing_mode="fake")
             return compile_fx_inner(traced(*inputs), inputs)
     except Exception as exc:  # Inductor's lowering errors have no common public base
         raise InductorUnsupportedError(_unsupported(graph, seg, exc)) from exc
+
+
+def _decompositions() -> dict:
+    """Inductor's decomposition table, completed with torch's own decomposition of every op
+    Inductor has no lowering for. torch.compile never hands Inductor such an op (AOTAutograd
+    traces a model's composite ops, `upsample_bilinear2d.vec`, down to what Inductor lowers); a
+    captured graph holds them as aten ran them (`upsample_bilinear2d.default`), and Inductor
+    refuses to fall back to eager on an op that has a decomposition (an error when `CI` is set)."""
+    from torch._decomp import decomposition_table
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.lowering import lowerings
+
+    table = dict(select_decomp_table())
+    for op, fn in decomposition_table.items():
+        if op not in lowerings and op not in table:
+            table[op] = fn
+    return table
 
 
 def _unsupported(graph: Graph, seg: Segment, exc: Exception) -> str:
