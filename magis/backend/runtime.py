@@ -64,14 +64,7 @@ class HostPool:
         pool's."""
         if not x.is_cuda or host.is_cuda:
             return host.copy_(x)
-        produced = torch.cuda.Event()
-        produced.record()
-        stream = self._stream()
-        with torch.cuda.stream(stream):
-            stream.wait_event(produced)
-            host.copy_(x, non_blocking=True)
-            x.record_stream(stream)
-        return host
+        return self._copy_to_host(x, host)
 
     def load(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
@@ -102,7 +95,11 @@ class HostPool:
             torch.cuda.current_stream().wait_stream(self._copy_stream)
 
     def _store_cuda(self, x: torch.Tensor) -> torch.Tensor:
-        host = self._pinned_buffer(x)
+        return self._copy_to_host(x, self._pinned_buffer(x))
+
+    def _copy_to_host(self, x: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+        """Copy device tensor `x` into `host` on the side stream, once the compute stream has
+        produced it."""
         produced = torch.cuda.Event()
         produced.record()
         stream = self._stream()

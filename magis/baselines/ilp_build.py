@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from magis.baselines.ilp_model import Choice
 from magis.baselines.ilp_problem import Candidate, Program
 from magis.cost import CostModel
-from magis.ir import Graph, Ref, positions
+from magis.ir import Graph, positions
 from magis.rules.recompute_trace import trace_graph
-from magis.rules.remat import LateReads
+from magis.rules.remat import reads_from
 from magis.rules.swap import swap_into
 from magis.schedule.swaps import time_swaps
 
@@ -35,7 +35,7 @@ def build(
     if not offloads:
         return g, order
     pos = positions(order)
-    reads = [_late_reads(g, order, pos, c.storage, starts[c.late]) for c in offloads]
+    reads = [reads_from(g, pos, c.storage, starts[c.late]) for c in offloads]
     placed: dict[int, list[int]] = {}  # node -> copies (and re-created views) right before it
     after: dict[int, list[int]] = {}  # producer -> Stores right after it
     for r in reads:
@@ -63,25 +63,6 @@ def _trace(program: Program, recomputed: Sequence[Candidate]) -> tuple[list[int]
         events.extend(sorted(due.get(x, ()), key=program.pos.__getitem__))
         events.append(nid)
     return events, starts
-
-
-def _late_reads(
-    g: Graph, order: Sequence[int], pos: dict[int, int], storage: Ref, start: int
-) -> LateReads | None:
-    """The readers of `storage` in `g` at or after index `start` of `order`, and the values
-    (the storage or its views made before then) they read of it."""
-    smap = g.storages()
-    late = sorted((r for r in set(smap.readers[storage]) if pos[r] >= start), key=pos.__getitem__)
-    if not late:
-        return None
-    mine = set(late)
-    aliases = {
-        ref
-        for r in late
-        for ref in g.node(r).inputs
-        if smap.base[ref] == storage and ref.node not in mine
-    }
-    return LateReads(storage, tuple(late), tuple(sorted(aliases)))
 
 
 def _with_copies(

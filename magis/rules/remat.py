@@ -38,21 +38,28 @@ class LateReads:
 def late_reads(ctx: RuleContext, storage: Ref) -> LateReads | None:
     """The readers of `storage` scheduled after the peak, or None when nothing reads it late,
     a late reader is frozen (an enabled F-Tree region), or it must live to the end anyway."""
-    graph, pos = ctx.graph, ctx.position
-    smap = graph.storages()
+    smap = ctx.graph.storages()
     if storage in smap.outputs or storage in smap.resident:
         return None
-    late = sorted(
-        (r for r in set(smap.readers[storage]) if pos[r] > ctx.sim.peak_step),
-        key=pos.__getitem__,
-    )
-    if not late or any(r in ctx.frozen for r in late):
+    reads = reads_from(ctx.graph, ctx.position, storage, ctx.sim.peak_step + 1)
+    if reads is None or any(r in ctx.frozen for r in reads.readers):
         return None
+    return reads
+
+
+def reads_from(graph: Graph, pos: Mapping[int, int], storage: Ref, start: int) -> LateReads | None:
+    """The readers of `storage` at schedule position `start` or later, in schedule order, and
+    the values (the storage or its views made before then) they read of it; None when none."""
+    smap = graph.storages()
+    late = sorted((r for r in set(smap.readers[storage]) if pos[r] >= start), key=pos.__getitem__)
+    if not late:
+        return None
+    mine = set(late)
     aliases = {
         ref
         for r in late
         for ref in graph.node(r).inputs
-        if smap.base[ref] == storage and ref.node not in late
+        if smap.base[ref] == storage and ref.node not in mine
     }
     return LateReads(storage, tuple(late), tuple(sorted(aliases)))
 
