@@ -22,11 +22,12 @@ reader of the Load reads `s`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
+from magis.rules.repeated import MIN_GROUP, with_halves
 
 _WRITERS: DerivedKey[dict[int, int]] = DerivedKey("rules.offload.writers")
 
@@ -66,10 +67,26 @@ def offloadable_bytes(graph: Graph) -> int:
 def offload_state(graph: Graph, state: int) -> Rewritten:
     """`graph` with `state` kept on the host: Load before its readers, the update on the
     device copy, Store back into `state` (see the module docstring)."""
+    return offload_states(graph, [state])
+
+
+def offload_states(graph: Graph, states: Sequence[int]) -> Rewritten:
+    """`graph` with each of `states` kept on the host, in one copy of the graph."""
     g = graph.copy()
-    node, writer = g.node(state), state_writers(graph)[state]
+    writers = state_writers(graph)
+    added: set[int] = set()
+    changed: set[int] = set()
+    for state in states:
+        added |= _offload_in_place(g, state, writers[state], changed)
+    removed = frozenset(writers[s] for s in states)
+    return Rewritten(g, frozenset(added), frozenset(changed - added - removed), removed)
+
+
+def _offload_in_place(g: Graph, state: int, writer: int, changed: set[int]) -> set[int]:
+    """Offload `state` (updated by `writer`) in `g`; the nodes it added, `changed` grown."""
+    node = g.node(state)
     load = g.add_op(f"{node.name}_load", LOAD_OP, (Ref(state),), outputs=node.outputs)
-    changed = set(g.replace_uses(Ref(state), Ref(load), [u for u in g.users(state) if u != load]))
+    changed |= set(g.replace_uses(Ref(state), Ref(load), [u for u in g.users(state) if u != load]))
     w = g.node(writer)
     update = g.add_op(
         w.name, w.op, w.args, dict(w.kwargs), outputs=w.outputs, module=w.module
@@ -85,8 +102,7 @@ def offload_state(graph: Graph, state: int) -> Rewritten:
         module=w.module,
     )
     g.order_before_writers([load])
-    added = frozenset({load, update, store})
-    return Rewritten(g, added, frozenset(changed - added - {writer}), frozenset({writer}))
+    return {load, update, store}
 
 
 def offloaded_stores(graph: Graph, stores: list[int]) -> list[int]:
@@ -96,12 +112,29 @@ def offloaded_stores(graph: Graph, stores: list[int]) -> list[int]:
 
 def restore_state(graph: Graph, store: int) -> Rewritten:
     """`offload_state` undone: the update writes into the state again, its readers read it."""
+    return restore_states(graph, [store])
+
+
+def restore_states(graph: Graph, stores: Sequence[int]) -> Rewritten:
+    """`offload_state` undone for each of `stores`, in one copy of the graph."""
     g = graph.copy()
+    added: set[int] = set()
+    changed: set[int] = set()
+    removed: set[int] = set()
+    for store in stores:
+        added.add(_restore_in_place(g, store, changed, removed))
+    changed -= removed | added
+    g.order_before_writers(sorted(changed))  # the old value's readers before the update
+    return Rewritten(g, frozenset(added), frozenset(changed), frozenset(removed))
+
+
+def _restore_in_place(g: Graph, store: int, changed: set[int], removed: set[int]) -> int:
+    """Restore the state `store` writes back, in `g`; the new writer (`changed`, `removed`
+    grown)."""
     state = g.node(store).writes_into.node
     update = g.node(store).inputs[0].node
     loads = [u for u in g.users(state) if g.node(u).op == LOAD_OP]
     g.remove_node(store)
-    changed: set[int] = set()
     for load in loads:
         changed |= set(g.replace_uses(Ref(load), Ref(state)))
         g.remove_node(load)
@@ -111,10 +144,8 @@ def restore_state(graph: Graph, store: int) -> Rewritten:
     )
     changed |= set(g.replace_uses(Ref(update), Ref(writer)))
     g.remove_node(update)
-    removed = frozenset({store, update, *loads})
-    changed -= removed | {writer}
-    g.order_before_writers(sorted(changed))  # the old value's readers before the update
-    return Rewritten(g, frozenset({writer}), frozenset(changed), removed)
+    removed |= {store, update, *loads}
+    return writer
 
 
 def _describe(graph: Graph, state: int) -> str:
@@ -122,24 +153,42 @@ def _describe(graph: Graph, state: int) -> str:
 
 
 def _match_offload(ctx: RuleContext) -> Iterator[Rewrite]:
-    """The largest state tensors first (they lower the floor most), at most `max_candidates`."""
+    """Every offloadable state at once and its larger half (`repeated.with_halves`: a step's
+    state is hundreds of tensors, one per weight, and one per search state would spend the
+    search on them), then the largest state tensors one by one, at most `max_candidates`."""
     graph = ctx.graph
-    states = [p for p in graph.placeholders(PlaceholderKind.OPT_STATE) if offloadable(graph, p)]
+    states = [
+        p
+        for p in graph.placeholders(PlaceholderKind.OPT_STATE)
+        if offloadable(graph, p) and p not in ctx.frozen
+    ]
     states.sort(key=lambda p: (-graph.node(p).outputs[0].nbytes, p))
+    for group in _groups(states):
+        yield Rewrite(
+            "offload_state",
+            RuleKind.SWAP,
+            f"keep {len(group)} optimizer state tensors on the host, each loaded for its update",
+            lambda ps=group: offload_states(graph, ps),
+        )
     for p in states[: ctx.max_candidates]:
-        if p in ctx.frozen:
-            continue
         yield Rewrite(
             "offload_state", RuleKind.SWAP, _describe(graph, p), lambda n=p: offload_state(graph, n)
         )
 
 
 def _match_restore(ctx: RuleContext) -> Iterator[Rewrite]:
+    """Every offloaded state back at once and half of them (as they were taken), then one by
+    one, at most `max_candidates`."""
     graph = ctx.graph
-    stores = offloaded_stores(graph, ctx.nodes_of(STORE_OP))
+    stores = [s for s in offloaded_stores(graph, ctx.nodes_of(STORE_OP)) if s not in ctx.frozen]
+    for group in _groups(stores):
+        yield Rewrite(
+            "restore_state",
+            RuleKind.DESWAP,
+            f"keep {len(group)} offloaded optimizer state tensors on the device again",
+            lambda ss=group: restore_states(graph, ss),
+        )
     for s in stores[: ctx.max_candidates]:
-        if s in ctx.frozen:
-            continue
         name = graph.node(graph.node(s).writes_into.node).name
         yield Rewrite(
             "restore_state",
@@ -147,6 +196,12 @@ def _match_restore(ctx: RuleContext) -> Iterator[Rewrite]:
             f"keep {name} on the device again",
             lambda n=s: restore_state(graph, n),
         )
+
+
+def _groups(items: list[int]) -> Iterator[list[int]]:
+    """`items` whole and its first half, when there are `MIN_GROUP` of them or more."""
+    if len(items) >= MIN_GROUP:
+        yield from with_halves([items])
 
 
 OFFLOAD_STATE = Rule("offload_state", RuleKind.SWAP, _match_offload)

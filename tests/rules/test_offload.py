@@ -16,7 +16,13 @@ from magis.ir import PlaceholderKind
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.ir.topological import stable_topological_order
 from magis.rules import OFFLOAD_STATE, RESTORE_STATE, RuleContext
-from magis.rules.offload import offloadable, offloaded_stores, restore_state
+from magis.rules.offload import (
+    offload_state,
+    offload_states,
+    offloadable,
+    offloaded_stores,
+    restore_state,
+)
 from magis.schedule.swaps import time_swaps
 from magis.search.hashing import wl_hash
 from magis.sim import simulate
@@ -98,7 +104,10 @@ def test_restoring_every_state_gives_the_captured_step_back():
     order = _timed(off, cost)
     ctx = RuleContext(off, tuple(order), simulate(off, order, cost))
     rewrites = list(RESTORE_STATE.match(ctx))
-    assert len(rewrites) == len(step.graph.placeholders(PlaceholderKind.OPT_STATE))
+    states = len(step.graph.placeholders(PlaceholderKind.OPT_STATE))
+    # all of them at once, their first half, then one by one
+    grouped = [r for r in rewrites if "optimizer state tensors" in r.description]
+    assert len(grouped) == 2 and len(rewrites) == states + 2
     g = off
     for store in offloaded_stores(off, [n for n in off.nodes if off.node(n).op == STORE_OP]):
         g = restore_state(g, store).graph
@@ -109,6 +118,38 @@ def test_restoring_every_state_gives_the_captured_step_back():
     assert (
         sim.resident_bytes == simulate(step.graph, step.graph.program_order(), cost).resident_bytes
     )
+
+
+def test_every_state_offloaded_at_once_is_each_offloaded_in_turn_and_restores_at_once():
+    step, cost = _step("adamw-bf16", depth=2), get_cost_model("rtx3090")
+    g = step.graph
+    states = sorted(p for p in g.placeholders(PlaceholderKind.OPT_STATE) if offloadable(g, p))
+    ctx = RuleContext(
+        g,
+        tuple(g.program_order()),
+        simulate(g, g.program_order(), cost),
+    )
+    whole, half, *singles = OFFLOAD_STATE.match(ctx)
+    assert len(singles) == min(len(states), ctx.max_candidates)
+    at_once = whole.build()
+    at_once.graph.verify()
+    assert int(wl_hash(at_once.graph)) == int(wl_hash(offload_states(g, states).graph))
+    in_turn = g
+    for p in states:
+        in_turn = offload_state(in_turn, p).graph
+    assert int(wl_hash(at_once.graph)) == int(wl_hash(in_turn))
+    halved = half.build().graph
+    assert sum(offloadable(halved, p) for p in states) == len(states) - len(states) // 2
+    # the program equals eager, and one rewrite takes every state back
+    order = _timed(at_once.graph, cost)
+    ran = verify_and_measure(
+        replace(step, graph=at_once.graph), compile_program(at_once.graph, order)
+    )
+    assert ran.verification.verified, ran.verification
+    ctx = RuleContext(at_once.graph, tuple(order), simulate(at_once.graph, order, cost))
+    back = next(iter(RESTORE_STATE.match(ctx))).build().graph
+    back.verify()
+    assert int(wl_hash(back)) == int(wl_hash(g))
 
 
 def test_a_limit_below_the_resident_floor_is_searched_with_offloading():
