@@ -52,10 +52,22 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 def train_equal(rank: int, world: int, store: str, out: str, plan: str | None) -> None:
     """Five AdamW steps of magis beside eager DDP; the differences go to out/rank{r}.json."""
+    _init(rank, world, store)
+    result, step = compare_with_ddp(plan)
+    if rank == 0 and plan is None:
+        step.plan.save(Path(out) / "plan.json")
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def compare_with_ddp(plan: str | None = None) -> tuple[dict, object]:
+    """In an initialized process group: five AdamW steps of magis beside eager DDP on this
+    rank's batches; the largest differences, the plan's hash, and the compiled step."""
     import magis
     from magis.train.distributed import plan_hash
 
-    _init(rank, world, store)
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = Net().double()
     ref = copy.deepcopy(model)
@@ -97,10 +109,7 @@ def train_equal(rank: int, world: int, store: str, out: str, plan: str | None) -
         "plan_hash": plan_hash(step.plan),
         "collectives": sum("c10d.all_reduce" in line for line in step.program.source.splitlines()),
     }
-    if rank == 0 and plan is None:
-        step.plan.save(Path(out) / "plan.json")
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    return result, step
 
 
 def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> None:
