@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from magis.capture.trace import UpdateRule
+from magis.capture.step_kinds import UpdateRule
 from magis.errors import MagisError
 from magis.ir import Graph
 from magis.ir.ops import ALL_REDUCE_OP, COLLECTIVE_OPS
@@ -131,7 +131,9 @@ def collective_calls(graph: Graph, order: Sequence[int] | None = None) -> list[C
     for nid in graph.program_order() if order is None else order:
         node = graph.node(nid)
         if node.op in COLLECTIVE_OPS:
-            size = _scaled_for(graph, nid) if node.op == ALL_REDUCE_OP else node.args[1]
+            # all_gather_into_tensor(x, group_size, group_name), reduce_scatter_tensor(x, op,
+            # group_size, group_name): the size is the argument before the group's name
+            size = _scaled_for(graph, nid) if node.op == ALL_REDUCE_OP else node.args[-2]
             calls.append(CollectiveCall(node.op, node.args[-1], node.outputs[0].nbytes, size))
     return calls
 

@@ -21,6 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.fx_import import constant_values, import_fx
 from magis.capture.kernels import capture_kernels
+from magis.capture.sharding import ShardLayout, unsharded
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
 from magis.capture.step_kinds import OPTIMIZERS, OptimizerSpec, UpdateRule, autocast_loss
 from magis.errors import CaptureError, MagisError
@@ -251,6 +252,7 @@ def capture_training(
     trainable: Sequence[str] | None = None,
     scalars: Sequence[torch.Tensor] = (),
     data_names: Sequence[str] | None = None,
+    sharding: ShardLayout | None = None,
 ) -> Step:
     """Capture `loss(model, *data)`, its gradients and `rule`'s update as one Graph.
 
@@ -259,7 +261,10 @@ def capture_training(
     `rule.scalar_names()` (example values `scalars`; OPT_STATE), `data` (DATA). Gradients are
     taken for `trainable` only. With `rule` None the outputs are the loss and the gradients,
     else the loss alone; `Step.untrained` names the trainable parameters the loss does not reach
-    (the rule leaves them, and their state, untouched, as torch.optim does).
+    (the rule leaves them, and their state, untouched, as torch.optim does). With `sharding`
+    the model's parameters are this rank's pieces (`magis.capture.sharding.shard_parameters`):
+    the step gathers them around the forward and backward and reduce-scatters their gradients,
+    as FSDP2 does; the update applies to the pieces.
     """
     params = [n for n, _ in model.named_parameters()] if params is None else list(params)
     trainable = list(params) if trainable is None else list(trainable)
@@ -271,7 +276,7 @@ def capture_training(
     layout = _Layout(params, trainable, buffer_names, state_names, scalar_names, len(data))
     untrained: list[str] = []
     wrapper = _LossModule(model, loss)
-    fn = _step_fn(wrapper, layout, rule, untrained)
+    fn = _step_fn(wrapper, layout, rule, untrained, sharding)
     real_params = _named(model.named_parameters(), params)
     real_buffers = _named(model.named_buffers(), buffer_names)
     mode = _fake_mode([*real_params, *real_buffers, *scalars, *data])
@@ -369,7 +374,13 @@ def _named(items, names: list[str]) -> list[torch.Tensor]:
     return [table[n] for n in names]
 
 
-def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, untrained: list):
+def _step_fn(
+    wrapper: _LossModule,
+    layout: _Layout,
+    rule: UpdateRule | None,
+    untrained: list,
+    sharding: ShardLayout | None = None,
+):
     trainable_at = [layout.params.index(n) for n in layout.trainable]
 
     def step(*flat):
@@ -384,7 +395,7 @@ def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, unt
             **{f"model.{n}": b for n, b in zip(layout.buffers, buffers, strict=True)},
         }
         grad_ctx = contextlib.nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
-        with grad_ctx:
+        with grad_ctx, _gathering(sharding, wrapper, tensors) as tensors:
             loss = functional_call(wrapper, tensors, tuple(data))
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise MagisError("the loss must be a tensor with one element (a scalar)")
@@ -400,6 +411,13 @@ def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, unt
         return (loss.detach(),)
 
     return step
+
+
+def _gathering(sharding: ShardLayout | None, wrapper: _LossModule, tensors: dict):
+    """`tensors` as they are, or, with `sharding`, unsharded (`magis.capture.sharding`)."""
+    if sharding is None:
+        return contextlib.nullcontext(tensors)
+    return unsharded(sharding, wrapper.model, tensors, prefix="model.")
 
 
 def loss_of(out) -> torch.Tensor:
