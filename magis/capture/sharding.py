@@ -16,8 +16,7 @@ each rank, and how the captured step does the same:
   pieces are the step's WEIGHT inputs, and the optimizer updates them, its state shaped alike:
   elementwise optimizers (SGD, Adam, AdamW) give every element what they give it unsharded, and
   the padding rows stay zero (zero gradient, zero state).
-- **All-gather.** Before a block's forward (a forward pre-hook, where FSDP2's pre-forward
-  unshards) the group's pieces are copied into one flat buffer, all-gathered
+- **All-gather.** At the start of a block's forward (where FSDP2's pre-forward hook unshards) the group's pieces are copied into one flat buffer, all-gathered
   (`_c10d_functional.all_gather_into_tensor`) and copied out into full parameters (FSDP2's
   `foreach_all_gather` copy-in and copy-out); the root group is gathered before the forward.
 - **Reshard after forward** (FSDP2's default, `reshard_after_forward=True`, which its root
@@ -40,13 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.utils._named_member_accessor import NamedMemberAccessor
+from torch.utils.checkpoint import checkpoint
 
 from magis.capture.collectives import DataParallel, ParallelError
 
@@ -116,9 +116,12 @@ class ShardLayout:
 
     groups: tuple[ParamGroup, ...]
     ranks: DataParallel
+    # Each block's forward checkpointed (`_gather_around`): FSDP2 with full activation
+    # checkpointing, the baseline `magis optimize --parallel fsdp` reports beside FSDP2.
+    checkpoint_blocks: bool = False
 
     @staticmethod
-    def of(model: nn.Module, ranks: DataParallel) -> ShardLayout:
+    def of(model: nn.Module, ranks: DataParallel, checkpoint_blocks: bool = False) -> ShardLayout:
         """The groups of `model` (`fsdp_blocks`), or a one-line ShardingError."""
         blocks = fsdp_blocks(model)
         owner = {}
@@ -135,7 +138,7 @@ class ShardLayout:
             if params:
                 _check_one_dtype(model, module, params)
                 groups.append(ParamGroup(module, params))
-        return ShardLayout(tuple(groups), ranks)
+        return ShardLayout(tuple(groups), ranks, checkpoint_blocks)
 
     @property
     def params(self) -> list[ShardedParam]:
@@ -279,36 +282,55 @@ def unsharded(
     and the blocks' saved parameters regathered in the backward (module docstring)."""
     state = _Resharding(layout, {p.name: tensors[prefix + p.name] for p in layout.params})
     out = dict(tensors)
-    handles = []
-    for index, group in enumerate(layout.groups):
-        if group.module == ROOT:
-            for p, full in zip(group.params, state.gather(index), strict=True):
-                out[prefix + p.name] = full
-        else:
-            handles += _gather_around(model.get_submodule(group.module), index, state)
+    undo = []
     try:
+        for index, group in enumerate(layout.groups):
+            if group.module == ROOT:
+                for p, full in zip(group.params, state.gather(index), strict=True):
+                    out[prefix + p.name] = full
+            else:
+                undo.append(_gather_around(model.get_submodule(group.module), index, state))
         with torch.autograd.graph.saved_tensors_hooks(state.pack, state.unpack):
             yield out
     finally:
-        for handle in handles:
-            handle.remove()
+        for step in undo:
+            step()
 
 
-def _gather_around(block: nn.Module, index: int, state: _Resharding) -> list:
-    """Hooks that give `block` its full parameters for its forward and its pieces after."""
+def _gather_around(block: nn.Module, index: int, state: _Resharding) -> Callable[[], None]:
+    """`block.forward` replaced by one that runs it with the group's full parameters (its
+    pieces again after), checkpointed when the layout says so; returns what undoes that.
+
+    With checkpointing (torch.utils.checkpoint, non-reentrant, as torchtitan's full AC wraps
+    each block) the recomputation in the backward runs this forward again, all-gathering the
+    group there: where FSDP2 with activation checkpointing all-gathers it before the block's
+    backward, and the checkpoint, not `_Resharding`, holds what the backward reads."""
     group = state.layout.groups[index]
     names = [p.name.removeprefix(f"{group.module}.") for p in group.params]
     accessor = NamedMemberAccessor(block)
-    kept: list[dict[str, torch.Tensor]] = []
+    own = vars(block).get("forward")
+    forward = block.forward
 
-    def before(module, args):
-        fulls = state.gather(index)
-        kept.append(accessor.swap_tensors_dict(dict(zip(names, fulls, strict=True)))[0])
+    def gathered(*args, **kwargs):
+        pieces = accessor.swap_tensors_dict(dict(zip(names, state.gather(index), strict=True)))
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            accessor.swap_tensors_dict(pieces[0])
 
-    def after(module, args, output):
-        accessor.swap_tensors_dict(kept.pop())
+    def run(*args, **kwargs):
+        if state.layout.checkpoint_blocks:
+            return checkpoint(gathered, *args, use_reentrant=False, **kwargs)
+        return gathered(*args, **kwargs)
 
-    return [block.register_forward_pre_hook(before), block.register_forward_hook(after)]
+    def undo() -> None:
+        if own is None:
+            del block.forward
+        else:
+            block.forward = own
+
+    block.forward = run
+    return undo
 
 
 def full_tensors(
