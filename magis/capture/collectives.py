@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import fx
 
 from magis.capture.step_kinds import UpdateRule
 from magis.errors import MagisError
@@ -172,3 +173,36 @@ def check_collectives(graph: Graph, parallel: DataParallel | None) -> None:
                 f"the plan was made for world size {call.world_size} and this process group "
                 f"has {parallel.world_size} ranks: plan again for this world size"
             )
+
+
+def sink_waits(graph: fx.Graph) -> None:
+    """Each collective's `wait_tensor`, and what is computed from its result alone (views, an
+    all-gather's copy-out, a reduce-scatter's split), moved to just before its first use.
+
+    A stream waits for a collective where it reads the result: FSDP2 waits for a block's
+    all-gather at the block's forward (`wait_for_unshard`) and for the reduce-scatters before
+    the optimizer reads the gradients, DDP for a bucket's all-reduce when its gradients are
+    read. The trace waits where the collective was issued, which would make the compute
+    stream wait for every collective at once (`magis.sim.two_stream_makespan` starts a wait
+    when its collective ends); in this order a prefetched all-gather and a reduce-scatter
+    overlap the compute issued before their first use, and the copy-out's memory is taken
+    there. Nodes are visited last first, so a chain lands in order before its first user."""
+    nodes = list(graph.nodes)
+    pos = {n: float(i) for i, n in enumerate(nodes)}
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    sinkable: set[fx.Node] = set()
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        inputs = n.all_input_nodes
+        if n.target is wait or (inputs and all(i in sinkable for i in inputs)):
+            sinkable.add(n)
+    for n in reversed(nodes):
+        if n not in sinkable or not n.users:
+            continue
+        first = min(n.users, key=pos.__getitem__)
+        before = first.prev
+        if before is n or first.op == "output":
+            continue
+        first.prepend(n)
+        pos[n] = (pos[before] + pos[first]) / 2

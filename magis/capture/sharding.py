@@ -16,13 +16,15 @@ each rank, and how the captured step does the same:
   pieces are the step's WEIGHT inputs, and the optimizer updates them, its state shaped alike:
   elementwise optimizers (SGD, Adam, AdamW) give every element what they give it unsharded, and
   the padding rows stay zero (zero gradient, zero state).
-- **All-gather.** At the start of a block's forward (where FSDP2's pre-forward hook unshards) the group's pieces are copied into one flat buffer, all-gathered
+- **All-gather.** At the start of a block's forward (where FSDP2's pre-forward hook unshards,
+  and prefetches the next block's, `_Resharding.for_forward`) the group's pieces are copied into one flat buffer, all-gathered
   (`_c10d_functional.all_gather_into_tensor`) and copied out into full parameters (FSDP2's
   `foreach_all_gather` copy-in and copy-out); the root group is gathered before the forward.
 - **Reshard after forward** (FSDP2's default, `reshard_after_forward=True`, which its root
   group skips): what autograd saves of a block's full parameters for the backward is replaced by
   a note of where it lies (`torch.autograd.graph.saved_tensors_hooks`), and the first unpack in
-  the backward all-gathers the group again, so the forward's gathered parameters die with the
+  the backward all-gathers the group again (and prefetches the block before it, as FSDP2's
+  backward prefetch does), so the forward's gathered parameters die with the
   block's forward, as FSDP2 frees them.
 - **Reduce-scatter.** The all-gather's backward (`_AllGather`) pads each full gradient to c
   rows per rank, lays them out as the all-gather did, scales by 1/world size (FSDP2 divides
@@ -51,6 +53,11 @@ from torch.utils.checkpoint import checkpoint
 from magis.capture.collectives import DataParallel, ParallelError
 
 ROOT = ""  # the root group's module path
+# The group a planned job's collectives name (`PlannedJob`): torch.distributed's default group
+# (`dist.group.WORLD.group_name`), so that a plan made by `magis optimize --parallel` runs under
+# `magis.compile(..., process_group=dist.group.WORLD, plan=...)`.
+PLANNED_GROUP = "0"
+PARALLEL_KINDS = ("ddp", "fsdp")
 
 
 class ShardingError(ParallelError):
@@ -235,7 +242,8 @@ class _Saved:
 
 
 class _Resharding:
-    """The gathering of one captured step: full parameters by storage, regathered groups."""
+    """The gathering of one captured step: full parameters by storage, prefetched and
+    regathered groups, the order the blocks ran forward in."""
 
     def __init__(self, layout: ShardLayout, pieces: Mapping[str, torch.Tensor]) -> None:
         self.layout = layout
@@ -243,6 +251,8 @@ class _Resharding:
         # storage -> (group, param, full): the full tensor held so that its storage, and so
         # its key, cannot be reused by another tensor during the capture
         self.owner: dict[StorageWeakRef, tuple[int, int, torch.Tensor]] = {}
+        self.prefetched: dict[int, list[torch.Tensor]] = {}
+        self.ran: list[int] = []  # blocks in the order of their first forward
         self.regathered: dict[int, list[torch.Tensor]] = {}
 
     def gather(self, index: int) -> list[torch.Tensor]:
@@ -254,6 +264,21 @@ class _Resharding:
                 self.owner[StorageWeakRef(full.untyped_storage())] = (index, i, full)
         return fulls
 
+    def for_forward(self, index: int) -> list[torch.Tensor]:
+        """Block `index`'s full parameters for its forward, and on its first forward the next
+        block's all-gather issued before this block computes: FSDP2's forward prefetch (its
+        all-gathers run on their own stream while the CPU runs ahead, so the next block's is
+        in flight during this one's compute)."""
+        fulls = self.prefetched.pop(index, None)
+        if fulls is None:
+            fulls = self.gather(index)
+        if index not in self.ran:  # not a recomputation (checkpoint_blocks)
+            self.ran.append(index)
+            after = index + 1
+            if after < len(self.layout.groups) and after not in self.prefetched:
+                self.prefetched[after] = self.gather(after)
+        return fulls
+
     def pack(self, t: torch.Tensor):
         found = self.owner.get(StorageWeakRef(t.untyped_storage()))
         if found is None:
@@ -263,14 +288,19 @@ class _Resharding:
     def unpack(self, saved):
         if not isinstance(saved, _Saved):
             return saved
-        fulls = self.regathered.get(saved.group)
-        if fulls is None:  # the group's first use in the backward: gather it again
-            group = self.layout.groups[saved.group]
-            pieces = [self.pieces[p.name].detach() for p in group.params]
-            fulls = self.regathered[saved.group] = all_gather_group(
-                pieces, group, self.layout.ranks
-            )
+        if saved.group not in self.regathered:  # the group's first use in the backward
+            self.regather(saved.group)
+            # FSDP2's backward prefetch: the block that ran before it, gathered now
+            at = self.ran.index(saved.group) if saved.group in self.ran else 0
+            if at > 0 and self.ran[at - 1] not in self.regathered:
+                self.regather(self.ran[at - 1])
+        fulls = self.regathered[saved.group]
         return fulls[saved.param].as_strided(saved.size, saved.stride, saved.offset)
+
+    def regather(self, index: int) -> None:
+        group = self.layout.groups[index]
+        pieces = [self.pieces[p.name].detach() for p in group.params]
+        self.regathered[index] = all_gather_group(pieces, group, self.layout.ranks)
 
 
 @contextlib.contextmanager
@@ -312,7 +342,8 @@ def _gather_around(block: nn.Module, index: int, state: _Resharding) -> Callable
     forward = block.forward
 
     def gathered(*args, **kwargs):
-        pieces = accessor.swap_tensors_dict(dict(zip(names, state.gather(index), strict=True)))
+        fulls = state.for_forward(index)
+        pieces = accessor.swap_tensors_dict(dict(zip(names, fulls, strict=True)))
         try:
             return forward(*args, **kwargs)
         finally:
@@ -362,3 +393,46 @@ def restore_parameters(model: nn.Module, full: Mapping[str, torch.Tensor]) -> No
     """Undo `shard_parameters`."""
     for name, data in full.items():
         model.get_parameter(name).data = data
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """One rank of a data-parallel job, captured with no process at all (`magis optimize
+    --parallel`): DDP's all-reduce or FSDP's sharding over `world_size` ranks of the default
+    group; `checkpoint_blocks` captures FSDP2 with full activation checkpointing instead."""
+
+    kind: str
+    world_size: int
+    checkpoint_blocks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in PARALLEL_KINDS:
+            raise ParallelError(
+                f"unknown parallel {self.kind!r}; choose one of {', '.join(PARALLEL_KINDS)}"
+            )
+        DataParallel(PLANNED_GROUP, self.world_size)  # a world size of at least one rank
+
+    @property
+    def ranks(self) -> DataParallel:
+        return DataParallel(PLANNED_GROUP, self.world_size)
+
+    def shard(self, model: nn.Module) -> ShardLayout | None:
+        """For FSDP, `model`'s parameters replaced by rank 0's pieces (every rank's have the
+        same shapes, so rank 0's step is every rank's) and their layout; None for DDP."""
+        if self.kind != "fsdp":
+            return None
+        layout = ShardLayout.of(model, self.ranks, self.checkpoint_blocks)
+        shard_parameters(model, layout, 0)
+        if self.checkpoint_blocks:
+            _no_kv_cache(model)
+        return layout
+
+
+def _no_kv_cache(model: nn.Module) -> None:
+    """Hugging Face models (anywhere in `model`) without their key/value cache, as their
+    gradient checkpointing does (`use_cache=True` is incompatible with it): a recomputed layer
+    would append its keys and values to the cache a second time."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False

@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.func import functional_call, functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from magis.capture.collectives import AllReduceGradients, DataParallel, sink_waits
 from magis.capture.fx_import import constant_values, import_fx
 from magis.capture.kernels import capture_kernels
 from magis.capture.sharding import ShardLayout, unsharded
@@ -204,6 +205,8 @@ def training_step(
     optimizer: str | None = "sgd",
     lr: float = 1e-3,
     autocast: torch.dtype | None = None,
+    parallel: DataParallel | None = None,
+    sharding: ShardLayout | None = None,
 ) -> Step:
     """Capture forward, backward and weight update of `model` as one Graph (the zoo's step).
 
@@ -213,7 +216,9 @@ def training_step(
     inputs). `optimizer` is "sgd", "adam", "adamw" or None (then the gradients are outputs).
     With `autocast` (a dtype), the forward and the loss run under `torch.autocast` (a
     `StepKind`'s precision, `magis.capture.step_kinds`); backward and update do not.
-    Parameters and buffers may be real or fake; nothing is allocated either way.
+    Parameters and buffers may be real or fake; nothing is allocated either way. With
+    `parallel`, the gradients are all-reduced over its ranks first (DDP); with `sharding` too,
+    the parameters are pieces, gathered and reduce-scattered (FSDP, `capture_training`).
     (`magis.compile` captures a user's `loss_fn(model, *batch)` and `torch.optim` optimizer.)
     """
     if optimizer not in OPTIMIZERS:
@@ -232,13 +237,17 @@ def training_step(
         loss = lambda m, *data: loss_of(m(*data))  # noqa: E731
     else:
         loss = lambda m, *data: loss_fn(m(data[0]), *data)  # noqa: E731
+    rule = None if optimizer is None else OptimizerSpec(optimizer, lr)
+    if rule is not None and parallel is not None and sharding is None:
+        rule = AllReduceGradients(rule, parallel)
     return capture_training(
         model,
         autocast_loss(loss, autocast),
         inputs,
-        None if optimizer is None else OptimizerSpec(optimizer, lr),
+        rule,
         params=trained,
         data_names=[f"input{i}" for i in range(len(inputs))],
+        sharding=sharding,
     )
 
 
@@ -296,6 +305,7 @@ def capture_training(
             *(_to_fake(mode, x) for x in data),
         ]
         gm = _trace_functional(fn, flat, root=wrapper)
+    sink_waits(gm.graph)  # collectives waited for where they are read (data parallelism)
     names = layout.names(data_names)
     modules = {**placeholder_modules(names, layout.kinds()), **module_paths(gm, "model")}
     graph = import_fx(gm, layout.kinds(), names, modules)

@@ -136,7 +136,9 @@ def test_collectives_are_never_recomputed_and_overlap(step):
     slow = get_cost_model("a100").with_interconnect(Interconnect(get_link("loopback"), 4))
     sim = simulate(g, g.program_order(), slow)
     assert sim.comm_s > 0
-    assert sim.compute_s < sim.latency_s <= sim.compute_s + sim.comm_s + 1e-12
+    # the waits sit where the results are read (sink_waits): prefetched all-gathers and the
+    # reduce-scatters overlap the compute issued before that
+    assert sim.compute_s < sim.latency_s < sim.compute_s + sim.comm_s
 
 
 def test_reduce_scatter_world_size_is_checked(step):
