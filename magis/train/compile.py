@@ -29,6 +29,8 @@ What is decided here, and why:
   `process_group` inside the step, as DistributedDataParallel does
   (`magis.capture.collectives`); rank 0 searches or loads the plan and every rank runs it
   (`magis.train.distributed`). The model is not wrapped in DDP: the step is the DDP step.
+  `parallel="fsdp"` shards the model's parameters as FSDP2 does, each rank keeping its pieces;
+  the step all-gathers them and reduce-scatters their gradients (`magis.capture.sharding`).
 """
 
 from __future__ import annotations
@@ -114,7 +116,10 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     CUDA graph from the second call on (`magis.train.cuda_graph`); `cuda_graph=False` runs it
     as generated code every call. `parallel="ddp"` averages the gradients over `process_group`
     (default: the world) in all-reduces of `bucket_bytes`, priced over `link`
-    (`magis.cost.links`); rank 0 plans, every rank runs its plan. `compiler="inductor"` runs
+    (`magis.cost.links`); rank 0 plans, every rank runs its plan. `parallel="fsdp"` shards
+    the parameters over the group instead (their data becomes this rank's pieces), gathering
+    them around each block's forward and backward and reduce-scattering their gradients, as
+    FSDP2 does (`magis.capture.sharding`). `compiler="inductor"` runs
     the plan compiled by Inductor, its memory decisions kept (`magis.backend.fx_export`).
     """
     if compiler not in COMPILERS:
