@@ -166,3 +166,38 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
     restored = [p.shape for p in model.parameters()] == shapes
     Path(out, f"rank{rank}.txt").write_text(f"{restored}|{line}")
     dist.destroy_process_group()
+
+
+def refusals(rank: int, world: int, store: str, out: str) -> None:
+    """What magis.compile(parallel="fsdp") refuses, one line each, to out/refused.txt."""
+    import magis
+
+    _init(rank, world, store)
+
+    def attempt(model: nn.Module, opt, **kwargs) -> str:
+        try:
+            magis.compile(
+                model,
+                opt,
+                batch(rank, 0),
+                loss_fn=loss_fn,
+                parallel="fsdp",
+                mem_limit=0.9,
+                time_budget=1.0,
+                **kwargs,
+            )
+            return "no error"
+        except magis.MagisError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    model = Net().double()
+    lines = [attempt(model, torch.optim.AdamW(model.parameters()), clip_grad_norm=1.0)]
+    stepped = torch.optim.AdamW(model.parameters())
+    loss_fn(model, *batch(rank, 0)).backward()
+    stepped.step()
+    lines.append(attempt(model, stepped))
+    scaled = Net().double()
+    scaled.scale = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+    lines.append(attempt(scaled, torch.optim.AdamW(scaled.parameters())))
+    Path(out, "refused.txt").write_text("\n".join(lines))
+    dist.destroy_process_group()

@@ -90,3 +90,14 @@ def test_a_plan_for_two_ranks_refuses_a_group_of_one(trained, tmp_path):
         "ranks: plan again for this world size"
     )
     assert restored == "True"
+
+
+def test_what_cannot_be_sharded_is_refused_in_one_line(tmp_path):
+    _spawn(fsdp_workers.refusals, 1, tmp_path)
+    clip, stepped, scalar = (tmp_path / "refused.txt").read_text().split("\n")
+    assert clip.startswith("ParallelError: clip_grad_norm= is not supported with parallel='fsdp'")
+    assert stepped.startswith("ParallelError: the optimizer already has state")
+    assert scalar == (
+        "ShardingError: parameter 'scale' is 0-dimensional and FSDP shards parameters on dim 0: "
+        "give it shape [1] (torch.nn.Parameter(value.reshape(1)))"
+    )
