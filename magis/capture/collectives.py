@@ -27,7 +27,7 @@ from torch import fx
 from magis.capture.step_kinds import UpdateRule
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.ir.ops import ALL_REDUCE_OP, COLLECTIVE_OPS
+from magis.ir.ops import ALL_REDUCE_OP, COLLECTIVE_OPS, WAIT_OP
 
 # DDP's default `bucket_cap_mb` (torch.nn.parallel.DistributedDataParallel).
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -153,7 +153,9 @@ def _scaled_for(graph: Graph, nid: int) -> int | None:
 
 
 def check_collectives(graph: Graph, parallel: DataParallel | None) -> None:
-    """A plan's collectives are the job's: its group, its world size (one-line errors)."""
+    """A plan's collectives are the job's: its group, its world size; and each one's buffer is
+    read by its `wait_tensor` alone (one-line errors)."""
+    check_waited(graph)
     calls = collective_calls(graph)
     if parallel is None:
         if calls:
@@ -206,3 +208,17 @@ def sink_waits(graph: fx.Graph) -> None:
             continue
         first.prepend(n)
         pos[n] = (pos[before] + pos[first]) / 2
+
+
+def check_waited(graph: Graph) -> None:
+    """Every collective's buffer is read by its wait alone: anything else (a Store of a swap)
+    would read it while the communication stream still fills it."""
+    for nid in graph.program_order():
+        if graph.node(nid).op not in COLLECTIVE_OPS:
+            continue
+        early = [u for u in graph.users(nid) if graph.node(u).op != WAIT_OP]
+        if early:
+            raise ParallelError(
+                f"the plan reads collective {graph.node(nid).name}'s buffer before its wait "
+                f"({graph.node(early[0]).name}): plan again with this magis"
+            )

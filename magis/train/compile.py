@@ -146,7 +146,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
         )
         return prepared.train_step(chosen, measure, cuda_graph, compiler)
     pg = process_group if process_group is not None else world_group()
-    sharding, full = shard_model(model, optimizer, group, pg, clip_grad_norm, parallel)
+    sharding, full = shard_model(model, optimizer, group, pg, parallel)
     try:
         prepared = prepare_step(
             model,
@@ -287,7 +287,8 @@ def prepare_step(
         if t.device != device:
             raise BatchError(f"{name} is on {t.device} and the model on {device}: move one")
     graph_opt = GraphOptimizer.of(optimizer, [p for _, p in trainable])
-    rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt)
+    ranks = sharding.ranks if sharding is not None else None
+    rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt, ranks)
     names = [n for n, _ in trainable]
     try:
         ddp = parallel is not None and sharding is None

@@ -84,17 +84,12 @@ def world_group():
 
 
 def shard_model(
-    model, optimizer, ranks: DataParallel, group, clip_grad_norm: float | None, parallel: str
+    model, optimizer, ranks: DataParallel, group, parallel: str
 ) -> tuple[ShardLayout | None, dict]:
     """For FSDP, the model's parameters replaced by this rank's pieces (`magis.capture.sharding`):
     the layout, and the full data to put back should compiling fail. For DDP, nothing."""
     if parallel != "fsdp":
         return None, {}
-    if clip_grad_norm is not None:  # its global norm would need an all-reduce of the pieces'
-        raise ParallelError(
-            "clip_grad_norm= is not supported with parallel='fsdp' yet: clip without it, or "
-            "use parallel='ddp'"
-        )
     if any(optimizer.state.values()):
         raise ParallelError(
             "the optimizer already has state and parallel='fsdp' shards the parameters it "

@@ -79,8 +79,11 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[n] - b[n]).detach().abs().max()) for n in a)
 
 
-def train_equal(rank: int, world: int, store: str, out: str, plan: str | None) -> None:
-    """Five AdamW steps of magis beside FSDP2; the differences go to out/rank{r}.json."""
+def train_equal(
+    rank: int, world: int, store: str, out: str, plan: str | None, clip: float | None = None
+) -> None:
+    """Five AdamW steps of magis beside FSDP2 (both clipping the gradients' global norm to
+    `clip`, if given); the differences go to out/rank{r}.json."""
     import magis
     from magis.capture.sharding import full_tensors
     from magis.train.distributed import plan_hash
@@ -101,15 +104,18 @@ def train_equal(rank: int, world: int, store: str, out: str, plan: str | None) -
         parallel="fsdp",
         process_group=dist.group.WORLD,
         hardware="a100",
+        clip_grad_norm=clip,
         **limits,
     )
-    losses, ref_losses = [], []
+    losses, ref_losses, norms = [], [], []
     for i in range(STEPS):
         x, y = batch(rank, i)
         losses.append(float(step(x, y).detach()))
         ref_opt.zero_grad()
         loss = loss_fn(ref, x, y)
         loss.backward()
+        if clip is not None:
+            norms.append(float(nn.utils.clip_grad_norm_(ref.parameters(), clip).full_tensor()))
         ref_opt.step()
         ref_losses.append(float(loss.detach()))
     params = dict(model.named_parameters())
@@ -129,6 +135,7 @@ def train_equal(rank: int, world: int, store: str, out: str, plan: str | None) -
         "steps": sorted({float(opt.state[p]["step"]) for p in params.values()}),
         "moved": _max_diff(full, initial),
         "local_shapes": {n: list(p.shape) for n, p in params.items()},
+        "clipped": sum(n > clip for n in norms) if clip is not None else 0,
         "plan_hash": plan_hash(step.plan),
         "all_gathers": step.program.source.count("c10d.all_gather_into_tensor.default("),
         "reduce_scatters": step.program.source.count("c10d.reduce_scatter_tensor.default("),
@@ -191,11 +198,10 @@ def refusals(rank: int, world: int, store: str, out: str) -> None:
             return f"{type(exc).__name__}: {exc}"
 
     model = Net().double()
-    lines = [attempt(model, torch.optim.AdamW(model.parameters()), clip_grad_norm=1.0)]
     stepped = torch.optim.AdamW(model.parameters())
     loss_fn(model, *batch(rank, 0)).backward()
     stepped.step()
-    lines.append(attempt(model, stepped))
+    lines = [attempt(model, stepped)]
     scaled = Net().double()
     scaled.scale = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
     lines.append(attempt(scaled, torch.optim.AdamW(scaled.parameters())))

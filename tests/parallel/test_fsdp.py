@@ -57,10 +57,14 @@ def test_two_ranks_train_as_fsdp2(trained):
     _check_equal_to_fsdp2(_results(trained, 2), 2)
 
 
-def test_four_ranks_train_as_fsdp2(tmp_path):
-    """Four ranks, with a rank whose piece of out.bias holds padding only."""
-    _spawn(fsdp_workers.train_equal, 4, tmp_path, None)
-    _check_equal_to_fsdp2(_results(tmp_path, 4), 4)
+def test_four_ranks_clipping_train_as_fsdp2(tmp_path):
+    """Four ranks, with a rank whose piece of out.bias holds padding only, clipping the
+    gradients' global norm (an all-reduce of the pieces' squares) as clip_grad_norm_ does on
+    FSDP2's DTensors."""
+    _spawn(fsdp_workers.train_equal, 4, tmp_path, None, 0.5)
+    results = _results(tmp_path, 4)
+    _check_equal_to_fsdp2(results, 4)
+    assert results[0]["clipped"] >= 2  # the norm was above 0.5 on most steps: clipping ran
 
 
 def _other_order(plan: Plan) -> Plan:
@@ -94,8 +98,7 @@ def test_a_plan_for_two_ranks_refuses_a_group_of_one(trained, tmp_path):
 
 def test_what_cannot_be_sharded_is_refused_in_one_line(tmp_path):
     _spawn(fsdp_workers.refusals, 1, tmp_path)
-    clip, stepped, scalar = (tmp_path / "refused.txt").read_text().split("\n")
-    assert clip.startswith("ParallelError: clip_grad_norm= is not supported with parallel='fsdp'")
+    stepped, scalar = (tmp_path / "refused.txt").read_text().split("\n")
     assert stepped.startswith("ParallelError: the optimizer already has state")
     assert scalar == (
         "ShardingError: parameter 'scale' is 0-dimensional and FSDP shards parameters on dim 0: "

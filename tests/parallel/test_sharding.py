@@ -166,3 +166,25 @@ def test_checkpointed_blocks_gather_in_the_recomputation_and_hold_less():
         peaks.append(simulate(g, g.program_order(), get_cost_model("unit")).peak_bytes)
     assert counts[0] == counts[1]
     assert peaks[1] < peaks[0]
+
+
+def test_plans_wait_for_a_collective_before_reading_its_buffer(step):
+    """No rule reads a collective's buffer but its wait (a swap's Store of it read it half
+    filled, and the wait on the Loaded copy waited for nothing): searched plans pass the
+    check, and a Store of an all-gather's buffer is refused."""
+    from magis.commands.optimize import optimize
+    from magis.ir import Ref
+    from magis.ir.ops import STORE_OP
+    from magis.rules.swap import swappable
+    from magis.train.compile import rules_keeping_state
+
+    plan = optimize(
+        step, mem_limit=0.5, max_states=40, hardware="a100", rules=rules_keeping_state()
+    )
+    check_collectives(plan.graph, RANKS)
+    g = step.graph.copy()
+    gather = next(n for n in g.program_order() if g.node(n).op == ALL_GATHER_OP)
+    assert not swappable(g, Ref(gather))
+    g.add_op("bad_store", STORE_OP, (Ref(gather),), outputs=(g.meta(Ref(gather)),))
+    with pytest.raises(ParallelError, match=r"buffer before its wait \(bad_store\)"):
+        check_collectives(g, RANKS)
