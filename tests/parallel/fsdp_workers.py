@@ -80,7 +80,13 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 def train_equal(
-    rank: int, world: int, store: str, out: str, plan: str | None, clip: float | None = None
+    rank: int,
+    world: int,
+    store: str,
+    out: str,
+    plan: str | None,
+    clip: float | None = None,
+    budget: float = 3.0,
 ) -> None:
     """Five AdamW steps of magis beside FSDP2 (both clipping the gradients' global norm to
     `clip`, if given); the differences go to out/rank{r}.json."""
@@ -95,7 +101,7 @@ def train_equal(
     ref = _fsdp2(copy.deepcopy(model), world)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.1)
-    limits = {"plan": plan} if plan else {"mem_limit": 0.9, "time_budget": 3.0}
+    limits = {"plan": plan} if plan else {"mem_limit": 0.6, "time_budget": budget}
     step = magis.compile(
         model,
         opt,

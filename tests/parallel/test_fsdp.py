@@ -61,7 +61,7 @@ def test_four_ranks_clipping_train_as_fsdp2(tmp_path):
     """Four ranks, with a rank whose piece of out.bias holds padding only, clipping the
     gradients' global norm (an all-reduce of the pieces' squares) as clip_grad_norm_ does on
     FSDP2's DTensors."""
-    _spawn(fsdp_workers.train_equal, 4, tmp_path, None, 0.5)
+    _spawn(fsdp_workers.train_equal, 4, tmp_path, None, 0.5, 1.0)  # a 1 s search
     results = _results(tmp_path, 4)
     _check_equal_to_fsdp2(results, 4)
     assert results[0]["clipped"] >= 2  # the norm was above 0.5 on most steps: clipping ran
