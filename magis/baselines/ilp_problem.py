@@ -42,6 +42,7 @@ from magis.cost import CostModel
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP
 from magis.rules import recompute_call
+from magis.rules.swap import swappable
 from magis.sim import SimResult, node_times
 
 MAX_CHAIN = 4  # non-view ops one recomputation re-runs (as magis.rules.remat.MAX_CHAIN)
@@ -275,7 +276,7 @@ def offload_option(program: Program, cost: CostModel, c: Candidate) -> Offload |
     back from the first late read over compute ops until their time covers the transfer;
     None when the Load would then be live before the early reads end (nothing freed)."""
     graph = program.graph
-    if graph.node(c.storage.node).is_placeholder or graph.info(c.storage.node).copy_stream:
+    if not swappable(graph, c.storage):
         return None
     transfer = cost.transfer_time(c.nbytes)
     made = program.pos[c.storage.node]

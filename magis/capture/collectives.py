@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import fx
 
-from magis.capture.trace import UpdateRule
+from magis.capture.step_kinds import UpdateRule
 from magis.errors import MagisError
 from magis.ir import Graph
-from magis.ir.ops import ALL_REDUCE_OP, COLLECTIVE_OPS
+from magis.ir.ops import ALL_REDUCE_OP, COLLECTIVE_OPS, WAIT_OP
 
 # DDP's default `bucket_cap_mb` (torch.nn.parallel.DistributedDataParallel).
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -131,7 +132,9 @@ def collective_calls(graph: Graph, order: Sequence[int] | None = None) -> list[C
     for nid in graph.program_order() if order is None else order:
         node = graph.node(nid)
         if node.op in COLLECTIVE_OPS:
-            size = _scaled_for(graph, nid) if node.op == ALL_REDUCE_OP else node.args[1]
+            # all_gather_into_tensor(x, group_size, group_name), reduce_scatter_tensor(x, op,
+            # group_size, group_name): the size is the argument before the group's name
+            size = _scaled_for(graph, nid) if node.op == ALL_REDUCE_OP else node.args[-2]
             calls.append(CollectiveCall(node.op, node.args[-1], node.outputs[0].nbytes, size))
     return calls
 
@@ -150,7 +153,9 @@ def _scaled_for(graph: Graph, nid: int) -> int | None:
 
 
 def check_collectives(graph: Graph, parallel: DataParallel | None) -> None:
-    """A plan's collectives are the job's: its group, its world size (one-line errors)."""
+    """A plan's collectives are the job's: its group, its world size; and each one's buffer is
+    read by its `wait_tensor` alone (one-line errors)."""
+    check_waited(graph)
     calls = collective_calls(graph)
     if parallel is None:
         if calls:
@@ -169,4 +174,51 @@ def check_collectives(graph: Graph, parallel: DataParallel | None) -> None:
             raise ParallelError(
                 f"the plan was made for world size {call.world_size} and this process group "
                 f"has {parallel.world_size} ranks: plan again for this world size"
+            )
+
+
+def sink_waits(graph: fx.Graph) -> None:
+    """Each collective's `wait_tensor`, and what is computed from its result alone (views, an
+    all-gather's copy-out, a reduce-scatter's split), moved to just before its first use.
+
+    A stream waits for a collective where it reads the result: FSDP2 waits for a block's
+    all-gather at the block's forward (`wait_for_unshard`) and for the reduce-scatters before
+    the optimizer reads the gradients, DDP for a bucket's all-reduce when its gradients are
+    read. The trace waits where the collective was issued, which would make the compute
+    stream wait for every collective at once (`magis.sim.two_stream_makespan` starts a wait
+    when its collective ends); in this order a prefetched all-gather and a reduce-scatter
+    overlap the compute issued before their first use, and the copy-out's memory is taken
+    there. Nodes are visited last first, so a chain lands in order before its first user."""
+    nodes = list(graph.nodes)
+    pos = {n: float(i) for i, n in enumerate(nodes)}
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    sinkable: set[fx.Node] = set()
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        inputs = n.all_input_nodes
+        if n.target is wait or (inputs and all(i in sinkable for i in inputs)):
+            sinkable.add(n)
+    for n in reversed(nodes):
+        if n not in sinkable or not n.users:
+            continue
+        first = min(n.users, key=pos.__getitem__)
+        before = first.prev
+        if before is n or first.op == "output":
+            continue
+        first.prepend(n)
+        pos[n] = (pos[before] + pos[first]) / 2
+
+
+def check_waited(graph: Graph) -> None:
+    """Every collective's buffer is read by its wait alone: anything else (a Store of a swap)
+    would read it while the communication stream still fills it."""
+    for nid in graph.program_order():
+        if graph.node(nid).op not in COLLECTIVE_OPS:
+            continue
+        early = [u for u in graph.users(nid) if graph.node(u).op != WAIT_OP]
+        if early:
+            raise ParallelError(
+                f"the plan reads collective {graph.node(nid).name}'s buffer before its wait "
+                f"({graph.node(early[0]).name}): plan again with this magis"
             )

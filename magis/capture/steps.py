@@ -7,6 +7,8 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from magis.capture.collectives import ParallelError
+from magis.capture.sharding import PlannedJob
 from magis.capture.step_kinds import DEFAULT_STEP, StepKind, read_step_kind
 from magis.capture.trace import Step, training_step
 from magis.capture.user_model import UserModel, is_model_file, model_file_step
@@ -32,6 +34,7 @@ def workload_step(
     seed: int = 0,
     *,
     float64_when_tiny: bool = False,
+    job: PlannedJob | None = None,
 ) -> tuple[Workload | UserModel, Step]:
     """Build workload `name` and capture its training step (forward, backward, update).
 
@@ -47,8 +50,16 @@ def workload_step(
 
     `name` may also be a model file, `path/to/model.py:factory` (`magis.capture.user_model`):
     built at full size under fake tensors unless `real`.
+
+    With `job`, the step is one rank's of that data-parallel job (`PlannedJob`: DDP's
+    all-reduce, or FSDP's sharded parameters and collectives).
     """
     kind = read_step_kind(step)
+    if job is not None and is_model_file(name):
+        raise ParallelError(
+            f"{name}: --parallel plans a zoo or corpus workload; for your own model use "
+            "magis.compile(..., parallel=) in its training script"
+        )
     if is_model_file(name):
         return model_file_step(name, batch, dtype, kind, real=bool(real), seed=seed)
     wl = get_workload(name, batch)
@@ -62,6 +73,13 @@ def workload_step(
         torch.manual_seed(seed)
         model = wl.build_model()
         inputs = wl.make_inputs(wl.batch)
+        sharding = job.shard(model) if job is not None else None
     return wl, training_step(
-        model, inputs, loss_fn=wl.loss_fn, optimizer=kind.optimizer, autocast=kind.autocast
+        model,
+        inputs,
+        loss_fn=wl.loss_fn,
+        optimizer=kind.optimizer,
+        autocast=kind.autocast,
+        parallel=job.ranks if job is not None else None,
+        sharding=sharding,
     )

@@ -19,8 +19,10 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.func import functional_call, functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from magis.capture.collectives import AllReduceGradients, DataParallel, sink_waits
 from magis.capture.fx_import import constant_values, import_fx
 from magis.capture.kernels import capture_kernels
+from magis.capture.sharding import ShardLayout, unsharded
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
 from magis.capture.step_kinds import OPTIMIZERS, OptimizerSpec, UpdateRule, autocast_loss
 from magis.errors import CaptureError, MagisError
@@ -203,6 +205,8 @@ def training_step(
     optimizer: str | None = "sgd",
     lr: float = 1e-3,
     autocast: torch.dtype | None = None,
+    parallel: DataParallel | None = None,
+    sharding: ShardLayout | None = None,
 ) -> Step:
     """Capture forward, backward and weight update of `model` as one Graph (the zoo's step).
 
@@ -212,7 +216,9 @@ def training_step(
     inputs). `optimizer` is "sgd", "adam", "adamw" or None (then the gradients are outputs).
     With `autocast` (a dtype), the forward and the loss run under `torch.autocast` (a
     `StepKind`'s precision, `magis.capture.step_kinds`); backward and update do not.
-    Parameters and buffers may be real or fake; nothing is allocated either way.
+    Parameters and buffers may be real or fake; nothing is allocated either way. With
+    `parallel`, the gradients are all-reduced over its ranks first (DDP); with `sharding` too,
+    the parameters are pieces, gathered and reduce-scattered (FSDP, `capture_training`).
     (`magis.compile` captures a user's `loss_fn(model, *batch)` and `torch.optim` optimizer.)
     """
     if optimizer not in OPTIMIZERS:
@@ -231,13 +237,17 @@ def training_step(
         loss = lambda m, *data: loss_of(m(*data))  # noqa: E731
     else:
         loss = lambda m, *data: loss_fn(m(data[0]), *data)  # noqa: E731
+    rule = None if optimizer is None else OptimizerSpec(optimizer, lr)
+    if rule is not None and parallel is not None and sharding is None:
+        rule = AllReduceGradients(rule, parallel)
     return capture_training(
         model,
         autocast_loss(loss, autocast),
         inputs,
-        None if optimizer is None else OptimizerSpec(optimizer, lr),
+        rule,
         params=trained,
         data_names=[f"input{i}" for i in range(len(inputs))],
+        sharding=sharding,
     )
 
 
@@ -251,6 +261,7 @@ def capture_training(
     trainable: Sequence[str] | None = None,
     scalars: Sequence[torch.Tensor] = (),
     data_names: Sequence[str] | None = None,
+    sharding: ShardLayout | None = None,
 ) -> Step:
     """Capture `loss(model, *data)`, its gradients and `rule`'s update as one Graph.
 
@@ -259,7 +270,10 @@ def capture_training(
     `rule.scalar_names()` (example values `scalars`; OPT_STATE), `data` (DATA). Gradients are
     taken for `trainable` only. With `rule` None the outputs are the loss and the gradients,
     else the loss alone; `Step.untrained` names the trainable parameters the loss does not reach
-    (the rule leaves them, and their state, untouched, as torch.optim does).
+    (the rule leaves them, and their state, untouched, as torch.optim does). With `sharding`
+    the model's parameters are this rank's pieces (`magis.capture.sharding.shard_parameters`):
+    the step gathers them around the forward and backward and reduce-scatters their gradients,
+    as FSDP2 does; the update applies to the pieces.
     """
     params = [n for n, _ in model.named_parameters()] if params is None else list(params)
     trainable = list(params) if trainable is None else list(trainable)
@@ -271,7 +285,7 @@ def capture_training(
     layout = _Layout(params, trainable, buffer_names, state_names, scalar_names, len(data))
     untrained: list[str] = []
     wrapper = _LossModule(model, loss)
-    fn = _step_fn(wrapper, layout, rule, untrained)
+    fn = _step_fn(wrapper, layout, rule, untrained, sharding)
     real_params = _named(model.named_parameters(), params)
     real_buffers = _named(model.named_buffers(), buffer_names)
     mode = _fake_mode([*real_params, *real_buffers, *scalars, *data])
@@ -291,6 +305,7 @@ def capture_training(
             *(_to_fake(mode, x) for x in data),
         ]
         gm = _trace_functional(fn, flat, root=wrapper)
+    sink_waits(gm.graph)  # collectives waited for where they are read (data parallelism)
     names = layout.names(data_names)
     modules = {**placeholder_modules(names, layout.kinds()), **module_paths(gm, "model")}
     graph = import_fx(gm, layout.kinds(), names, modules)
@@ -369,7 +384,13 @@ def _named(items, names: list[str]) -> list[torch.Tensor]:
     return [table[n] for n in names]
 
 
-def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, untrained: list):
+def _step_fn(
+    wrapper: _LossModule,
+    layout: _Layout,
+    rule: UpdateRule | None,
+    untrained: list,
+    sharding: ShardLayout | None = None,
+):
     trainable_at = [layout.params.index(n) for n in layout.trainable]
 
     def step(*flat):
@@ -384,7 +405,7 @@ def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, unt
             **{f"model.{n}": b for n, b in zip(layout.buffers, buffers, strict=True)},
         }
         grad_ctx = contextlib.nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
-        with grad_ctx:
+        with grad_ctx, _gathering(sharding, wrapper, tensors) as tensors:
             loss = functional_call(wrapper, tensors, tuple(data))
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise MagisError("the loss must be a tensor with one element (a scalar)")
@@ -400,6 +421,13 @@ def _step_fn(wrapper: _LossModule, layout: _Layout, rule: UpdateRule | None, unt
         return (loss.detach(),)
 
     return step
+
+
+def _gathering(sharding: ShardLayout | None, wrapper: _LossModule, tensors: dict):
+    """`tensors` as they are, or, with `sharding`, unsharded (`magis.capture.sharding`)."""
+    if sharding is None:
+        return contextlib.nullcontext(tensors)
+    return unsharded(sharding, wrapper.model, tensors, prefix="model.")
 
 
 def loss_of(out) -> torch.Tensor:

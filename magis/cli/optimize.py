@@ -141,10 +141,26 @@ def optimize_cmd(
     ] = None,
     step: StepOpt = DEFAULT_STEP,
     json_path: JsonOpt = None,
+    parallel: Annotated[
+        str | None,
+        typer.Option(
+            "--parallel",
+            help="Plan one rank of a data-parallel job: ddp or fsdp (collectives in the step).",
+        ),
+    ] = None,
+    world_size: Annotated[
+        int, typer.Option("--world-size", min=1, help="Ranks of the --parallel job.")
+    ] = 8,
+    link: Annotated[
+        str,
+        typer.Option("--link", help="Link between the ranks: nvlink, pcie, infiniband, loopback."),
+    ] = "nvlink",
 ) -> None:
     """Find the fastest plan under a memory limit, or the smallest under a latency limit (MAGIS §6.2).
 
     Ctrl-C or the time budget stop the search; the best plan so far is kept and saved (--save).
+    With --parallel, the step is one rank's of a --world-size job, shown beside FSDP2 (and
+    FSDP2 with full activation checkpointing) or DDP simulated the same way.
     Exit code 3: the limit is not met; 130: interrupted.
     """
     from magis.commands.limits import read_search_limit
@@ -153,6 +169,7 @@ def optimize_cmd(
 
     limit = read_search_limit(mem_limit, lat_limit, LIMIT_FLAGS)
     _check_parallel(workers, ray)
+    job = _planned_job(parallel, world_size, link)
     options = SearchOptions(
         time_budget=time_budget, max_states=max_states, workers=workers, ray=ray
     )
@@ -171,6 +188,8 @@ def optimize_cmd(
                 memory_figure=memory_figure,
                 step=step,
                 progress=progress,
+                job=job,
+                link=link,
             )
         plan = _search_live(workload, setup, options, keeper)
         console.print()
@@ -178,7 +197,8 @@ def optimize_cmd(
         keeper.keep(plan)
         if keeper.saved:
             console.print(f"[dim]saved plan to {save}[/dim]")
-        write_json(json_path, plan.summary.to_json())
+        ranks = _job_table(workload, job, setup, plan) if job is not None else None
+        write_json(json_path, {**plan.summary.to_json(), **({"ranks": ranks} if ranks else {})})
     except KeyboardInterrupt:
         raise keeper.interrupted(search_started=setup is not None) from None
     if plan.summary.interrupted:
@@ -233,6 +253,31 @@ def search_display(
     display = SearchDisplay(workload, activity, budget=budget)
     activity.figures = display.figures
     return display
+
+
+def _planned_job(parallel: str | None, world_size: int, link: str):
+    """The --parallel job, its flags checked before any work (None without --parallel)."""
+    if parallel is None:
+        return None
+    from magis.capture.sharding import PlannedJob
+    from magis.cost.links import get_link
+
+    get_link(link)
+    return PlannedJob(parallel, world_size)
+
+
+def _job_table(workload: str, job, setup, plan: Plan) -> list[dict]:
+    """Each rank's figures without magis and with the plan (`magis.commands.parallel`),
+    printed as a table; returned for --json."""
+    from magis.cli.tables import rank_table
+    from magis.commands.parallel import job_baselines, rank_figures
+
+    with spinner("simulating the job's baselines"):
+        rows = job_baselines(workload, job, setup.step_kind, setup.cost, setup.step.graph)
+    rows.append(rank_figures("magis plan", plan.graph, plan.order, setup.cost))
+    title = f"one rank of {job.kind.upper()} x {job.world_size} ({setup.cost.name})"
+    console.print(rank_table(title, rows))
+    return [r.to_json() for r in rows]
 
 
 def _check_parallel(workers: int, ray: str | None) -> None:

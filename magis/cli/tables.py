@@ -79,6 +79,26 @@ def optimize_table(
     return table
 
 
+def rank_table(title: str, rows) -> Table:
+    """One rank's figures under each schedule (`magis.commands.parallel.RankFigures`), the
+    first row (the job without magis) the ratios' base."""
+    table = Table(title=title)
+    for col in ("schedule", "peak / rank", "vs first", "step", "vs first", "comm", "overlap"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
+    base = rows[0]
+    for r in rows:
+        table.add_row(
+            r.name,
+            gib(r.peak_bytes),
+            f"{r.peak_bytes / base.peak_bytes:.3f}",
+            ms(r.step_s),
+            f"{r.step_s / base.step_s:.3f}",
+            ms(r.comm_s),
+            f"{r.overlap:.0%}",
+        )
+    return table
+
+
 def show_schedule(rep) -> None:
     table = Table(title=f"{rep.workload}: {rep.scheduler} schedule", show_header=False)
     table.add_row("nodes", str(rep.nodes))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from magis.capture import DEFAULT_STEP, Step, StepKind, read_step_kind, training_step, workload_step
+from magis.capture.sharding import PlannedJob
 from magis.commands.limits import (
     SearchLimit,
     check_latency_reachable,
@@ -31,6 +32,7 @@ from magis.commands.shared import (
 )
 from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
+from magis.cost.links import Interconnect, get_link
 from magis.errors import MagisError, deferred_interrupt
 from magis.plan import Plan, PlanSummary, check_plan_graph
 from magis.rules import Rule
@@ -149,14 +151,20 @@ def prepare_workload_search(
     memory_figure: str | MemoryFigure = "theoretical",
     step: StepKind | str = DEFAULT_STEP,
     progress: Progress = silent,
+    job: PlannedJob | None = None,
+    link: str = "nvlink",
 ) -> SearchSetup:
     """`setup_workload_search` with its limit already read: `magis optimize` reads it once,
-    naming its flags in any error (`read_search_limit`), and hands it here."""
+    naming its flags in any error (`read_search_limit`), and hands it here. With `job`, the
+    step is one rank's of that data-parallel job, its collectives priced over `link`
+    (`magis.commands.parallel`)."""
     figure = parse_memory_figure(memory_figure)
     kind = read_step_kind(step)
     cost = cost_model(hardware)
+    if job is not None:
+        cost = cost.with_interconnect(Interconnect(get_link(link), job.world_size))
     progress("capturing")
-    _, captured = workload_step(workload, step=kind, float64_when_tiny=True)
+    _, captured = workload_step(workload, step=kind, float64_when_tiny=True, job=job)
     return replace(_setup(captured, limit, cost, figure, workload, progress), step_kind=kind)
 
 

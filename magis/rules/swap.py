@@ -105,13 +105,18 @@ def _match_deswap(ctx: RuleContext) -> Iterator[Rewrite]:
         )
 
 
-def _swappable(graph: Graph, value: Ref) -> bool:
-    return not graph.node(value.node).is_placeholder and not graph.info(value.node).copy_stream
+def swappable(graph: Graph, value: Ref) -> bool:
+    """Not an input, not a Store/Load's copy, and not a collective's buffer: the collective
+    fills it on the communication stream until its `wait_tensor`, so a Store placed after the
+    collective would copy it half filled, and a wait on the Loaded copy waits for nothing
+    (c10d's work registry knows the original)."""
+    info = graph.info(value.node)
+    return not (graph.node(value.node).is_placeholder or info.copy_stream or info.comm_stream)
 
 
 def _swappable_late_reads(ctx: RuleContext) -> Iterator[LateReads]:
     graph = ctx.graph
-    return hot_late_reads(ctx, lambda v: _swappable(graph, v))
+    return hot_late_reads(ctx, lambda v: swappable(graph, v))
 
 
 def _describe_swap(graph: Graph, reads: LateReads) -> str:
@@ -123,7 +128,7 @@ def _match_swap(ctx: RuleContext) -> Iterator[Rewrite]:
     """Each kind of hot storage a repeated layer holds many of, swapped at once
     (`repeated.py`), then one rewrite per hot storage."""
     graph = ctx.graph
-    every = hot_late_reads(ctx, lambda v: _swappable(graph, v), GROUP_CANDIDATES)
+    every = hot_late_reads(ctx, lambda v: swappable(graph, v), GROUP_CANDIDATES)
     yield from repeated_rewrites(ctx, "swap", RuleKind.SWAP, "swap", every, swap_into)
     for reads in _swappable_late_reads(ctx):
         yield Rewrite(
@@ -168,7 +173,7 @@ def _reads_redirected_by_merge(
             storage = _viewed(g, now)
             if now in read_before or storage in smap.outputs or storage in smap.resident:
                 continue
-            if not _swappable(g, storage):
+            if not swappable(g, storage):
                 continue
             who, aliases = found.setdefault(storage, (set(), set()))
             who.add(r)

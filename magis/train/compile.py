@@ -29,6 +29,8 @@ What is decided here, and why:
   `process_group` inside the step, as DistributedDataParallel does
   (`magis.capture.collectives`); rank 0 searches or loads the plan and every rank runs it
   (`magis.train.distributed`). The model is not wrapped in DDP: the step is the DDP step.
+  `parallel="fsdp"` shards the model's parameters as FSDP2 does, each rank keeping its pieces;
+  the step all-gathers them and reduce-scatters their gradients (`magis.capture.sharding`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from magis.capture.collectives import (
     DataParallel,
     check_collectives,
 )
+from magis.capture.sharding import ShardLayout, restore_parameters
 from magis.capture.trace import Step, capture_training, loss_of
 from magis.commands.optimize import optimize
 from magis.cost import get_cost_model
@@ -57,6 +60,13 @@ from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
 from magis.rules import OFFLOAD_STATE, RESTORE_STATE, Rule, rules_in_search_order
+from magis.train.distributed import (
+    check_same_plan,
+    parallel_of,
+    shard_model,
+    shared_plan,
+    world_group,
+)
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
 from magis.train.step import COMPILERS, BatchError, BatchSpec, TrainStep
 
@@ -106,7 +116,10 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     CUDA graph from the second call on (`magis.train.cuda_graph`); `cuda_graph=False` runs it
     as generated code every call. `parallel="ddp"` averages the gradients over `process_group`
     (default: the world) in all-reduces of `bucket_bytes`, priced over `link`
-    (`magis.cost.links`); rank 0 plans, every rank runs its plan. `compiler="inductor"` runs
+    (`magis.cost.links`); rank 0 plans, every rank runs its plan. `parallel="fsdp"` shards
+    the parameters over the group instead (their data becomes this rank's pieces), gathering
+    them around each block's forward and backward and reduce-scattering their gradients, as
+    FSDP2 does (`magis.capture.sharding`). `compiler="inductor"` runs
     the plan compiled by Inductor, its memory decisions kept (`magis.backend.fx_export`).
     """
     if compiler not in COMPILERS:
@@ -117,65 +130,60 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
             "kernels allocate outside the dispatcher: measure with compiler='python'"
         )
     _check_limits(mem_limit, lat_limit, plan)
-    group = _parallel_of(parallel, process_group, bucket_bytes)
-    prepared = prepare_step(
-        model,
-        optimizer,
-        example_batch,
-        example_kwargs,
-        loss_fn=loss_fn,
-        clip_grad_norm=clip_grad_norm,
-        parallel=group,
-    )
+    _check_model_and_optimizer(model, optimizer)
+    group = parallel_of(parallel, process_group, bucket_bytes)
     if group is None:
+        prepared = prepare_step(
+            model,
+            optimizer,
+            example_batch,
+            example_kwargs,
+            loss_fn=loss_fn,
+            clip_grad_norm=clip_grad_norm,
+        )
         chosen = _plan_for(
             prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
         )
         return prepared.train_step(chosen, measure, cuda_graph, compiler)
-    from magis.train.distributed import check_same_plan, shared_plan
-
-    if hardware is None or isinstance(hardware, str):
-        name = hardware if hardware is not None else prepared.device.type
-        hardware = get_cost_model(name).with_interconnect(
-            Interconnect(get_link(link), group.world_size)
+    pg = process_group if process_group is not None else world_group()
+    sharding, full = shard_model(model, optimizer, group, pg, parallel)
+    try:
+        prepared = prepare_step(
+            model,
+            optimizer,
+            example_batch,
+            example_kwargs,
+            loss_fn=loss_fn,
+            clip_grad_norm=clip_grad_norm,
+            parallel=group,
+            sharding=sharding,
         )
+        if hardware is None or isinstance(hardware, str):
+            name = hardware if hardware is not None else prepared.device.type
+            hardware = get_cost_model(name).with_interconnect(
+                Interconnect(get_link(link), group.world_size)
+            )
 
-    def find() -> Plan:
-        return _plan_for(
-            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
-        )
+        def find() -> Plan:
+            return _plan_for(
+                prepared.step,
+                plan,
+                mem_limit,
+                lat_limit,
+                time_budget,
+                hardware,
+                prepared.device,
+                group,
+            )
 
-    pg = process_group if process_group is not None else _world()
-    chosen = find() if plan is not None else shared_plan(find, pg)
-    check_plan_fits(chosen, prepared.step)
-    check_collectives(chosen.graph, group)
-    check_same_plan(chosen, pg)
-    return prepared.train_step(chosen, measure, cuda_graph, compiler)
-
-
-PARALLEL = ("ddp",)
-
-
-def _parallel_of(parallel, process_group, bucket_bytes: int) -> DataParallel | None:
-    if parallel is None:
-        if process_group is not None:
-            raise CompileError("process_group= is for parallel='ddp': give both or neither")
-        return None
-    if parallel not in PARALLEL:
-        raise CompileError(f"unknown parallel={parallel!r}; choose one of {', '.join(PARALLEL)}")
-    return DataParallel.of(process_group if process_group is not None else _world(), bucket_bytes)
-
-
-def _world():
-    """The default process group, or a one-line error when none is initialized."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise CompileError(
-            "parallel='ddp' needs torch.distributed initialized (init_process_group, as torchrun "
-            "scripts do) or a process_group="
-        )
-    return dist.group.WORLD
+        chosen = find() if plan is not None else shared_plan(find, pg)
+        check_collectives(chosen.graph, group)
+        check_plan_fits(chosen, prepared.step)
+        check_same_plan(chosen, pg)
+        return prepared.train_step(chosen, measure, cuda_graph, compiler)
+    except BaseException:
+        restore_parameters(model, full)  # the model as the caller gave it
+        raise
 
 
 def compile_program_order(
@@ -226,6 +234,7 @@ class PreparedStep:
     trainable: list[str]
     device: torch.device
     clip_grad_norm: float | None  # the norm the rule clips to (its scalar input each call)
+    sharding: ShardLayout | None = None  # FSDP: how the model's parameters are sharded
 
     def train_step(
         self,
@@ -246,6 +255,7 @@ class PreparedStep:
             measure=measure,
             cuda_graph=cuda_graph,
             compiler=compiler,
+            sharding=self.sharding,
         )
 
 
@@ -258,11 +268,14 @@ def prepare_step(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     clip_grad_norm: float | None = None,
     parallel: DataParallel | None = None,
+    sharding: ShardLayout | None = None,
 ) -> PreparedStep:
     """Check the arguments and capture the step: everything `compile` does but the plan. Its
     `train_step(plan, ...)` makes a `TrainStep` of any plan of that step (`magis bench gpu` runs
     several plans of one capture this way). With `parallel`, the captured update averages the
-    gradients over its group first (`AllReduceGradients`)."""
+    gradients over its group first (`AllReduceGradients`); with `sharding` too, the model's
+    parameters are already this rank's pieces and the step gathers them and reduce-scatters
+    their gradients instead (FSDP, `magis.capture.sharding`)."""
     _check_model_and_optimizer(model, optimizer)
     args = example_batch if isinstance(example_batch, tuple) else (example_batch,)
     kwargs = dict(example_kwargs or {})
@@ -274,11 +287,15 @@ def prepare_step(
         if t.device != device:
             raise BatchError(f"{name} is on {t.device} and the model on {device}: move one")
     graph_opt = GraphOptimizer.of(optimizer, [p for _, p in trainable])
-    rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt)
+    ranks = sharding.ranks if sharding is not None else None
+    rule = graph_opt if clip_grad_norm is None else ClipGradNorm(graph_opt, ranks)
     names = [n for n, _ in trainable]
     try:
-        traced = rule if parallel is None else AllReduceGradients(rule, parallel)
-        step = _capture(model, optimizer, batch, data, loss_fn, rule, traced, names, device)
+        ddp = parallel is not None and sharding is None
+        traced = AllReduceGradients(rule, parallel) if ddp else rule
+        step = _capture(
+            model, optimizer, batch, data, loss_fn, rule, traced, names, device, sharding
+        )
     except CaptureError as exc:
         if isinstance(example_batch, dict) and not kwargs:  # meant as keyword tensors, mostly
             raise CaptureError(
@@ -287,7 +304,9 @@ def prepare_step(
                 "example_kwargs= and call train_step(**batch)"
             ) from exc
         raise
-    return PreparedStep(model, optimizer, step, rule, batch, names, device, clip_grad_norm)
+    return PreparedStep(
+        model, optimizer, step, rule, batch, names, device, clip_grad_norm, sharding
+    )
 
 
 def _check_limits(mem_limit, lat_limit, plan) -> None:
@@ -343,7 +362,7 @@ def _autocast_of(device: torch.device) -> torch.dtype | None:
 
 
 def _capture(
-    model, optimizer, batch: BatchSpec, data, loss_fn, rule, traced, trainable, device
+    model, optimizer, batch: BatchSpec, data, loss_fn, rule, traced, trainable, device, sharding
 ) -> Step:
     cast = _autocast_of(device)
 
@@ -365,6 +384,7 @@ def _capture(
             trainable=trainable,
             scalars=scalars,
             data_names=[n + tag for n in batch.tensor_names],
+            sharding=sharding,
         )
 
 
@@ -386,9 +406,13 @@ def rules_keeping_state() -> tuple[Rule, ...]:
     return tuple(r for r in rules_in_search_order() if r.name not in offloading)
 
 
-def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -> Plan:
+def _plan_for(
+    step, plan, mem_limit, lat_limit, time_budget, hardware, device, parallel=None
+) -> Plan:
     if plan is not None:
         chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
+        # the job's ranks first: a plan for another world size has other shard shapes too
+        check_collectives(chosen.graph, parallel)
         check_plan_fits(chosen, step)
         return chosen
     found = optimize(

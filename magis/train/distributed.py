@@ -16,8 +16,11 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from magis.capture.collectives import ParallelError
+from magis.capture.collectives import DataParallel, ParallelError
+from magis.capture.sharding import ShardLayout, shard_parameters
 from magis.plan import Plan
+
+PARALLEL = ("ddp", "fsdp")
 
 
 class PlanMismatchError(ParallelError):
@@ -54,3 +57,43 @@ def check_same_plan(plan: Plan, group) -> str:
             "plan file, or let rank 0 search (no plan=)"
         )
     return mine
+
+
+def parallel_of(parallel: str | None, process_group, bucket_bytes: int) -> DataParallel | None:
+    """The ranks `magis.compile(parallel=, process_group=)` averages over, or None."""
+    if parallel is None:
+        if process_group is not None:
+            raise ParallelError(
+                "process_group= is for parallel='ddp' or 'fsdp': give both or neither"
+            )
+        return None
+    if parallel not in PARALLEL:
+        raise ParallelError(f"unknown parallel={parallel!r}; choose one of {', '.join(PARALLEL)}")
+    group = process_group if process_group is not None else world_group()
+    return DataParallel.of(group, bucket_bytes)
+
+
+def world_group():
+    """The default process group, or a one-line error when none is initialized."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ParallelError(
+            "parallel='ddp' or 'fsdp' needs torch.distributed initialized (init_process_group, "
+            "as torchrun scripts do) or a process_group="
+        )
+    return dist.group.WORLD
+
+
+def shard_model(
+    model, optimizer, ranks: DataParallel, group, parallel: str
+) -> tuple[ShardLayout | None, dict]:
+    """For FSDP, the model's parameters replaced by this rank's pieces (`magis.capture.sharding`):
+    the layout, and the full data to put back should compiling fail. For DDP, nothing."""
+    if parallel != "fsdp":
+        return None, {}
+    if any(optimizer.state.values()):
+        raise ParallelError(
+            "the optimizer already has state and parallel='fsdp' shards the parameters it "
+            "belongs to: call magis.compile before the optimizer's first step"
+        )
+    layout = ShardLayout.of(model, ranks)
+    return layout, shard_parameters(model, layout, dist.get_rank(group))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from magis.capture.collectives import DataParallel
 from magis.errors import MagisError
 
 SUPPORTED = "torch.optim.SGD, torch.optim.Adam and torch.optim.AdamW"
@@ -344,6 +345,9 @@ class ClipGradNorm:
     `torch.nn.utils.clip_grad_norm_` computes it: coef = min(max_norm / (norm + 1e-6), 1)."""
 
     inner: GraphOptimizer
+    # FSDP: the gradients are this rank's pieces, the norm is the whole model's: the squares
+    # summed over the ranks (an all-reduce, as clip_grad_norm_ on FSDP2's DTensors does)
+    sharded_over: DataParallel | None = None
 
     def state_names(self, index: int) -> tuple[str, ...]:
         return self.inner.state_names(index)
@@ -355,6 +359,10 @@ class ClipGradNorm:
         present = [g for g in grads if g is not None]
         norms = [torch.linalg.vector_norm(g, 2.0) for g in present]
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        if self.sharded_over is not None:
+            c10d = torch.ops._c10d_functional
+            name = self.sharded_over.group_name
+            total = torch.sqrt(c10d.wait_tensor(c10d.all_reduce(total * total, "sum", name)))
         # max_norm / t is Tensor.__rtruediv__ in torch: reciprocal(t) * max_norm
         coef = torch.clamp(torch.reciprocal(total + 1e-6) * scalars[0], max=1.0)
         clipped = [None if g is None else g * coef for g in grads]

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from magis.backend import compile_program, tracker_for
+from magis.capture.sharding import ShardLayout, full_tensors
 from magis.capture.trace import Step
 from magis.errors import MagisError
 from magis.train.cuda_graph import GraphedProgram
@@ -137,8 +138,10 @@ class TrainStep:
         measure: bool = False,
         cuda_graph: bool | None = None,
         compiler: str = "python",
+        sharding: ShardLayout | None = None,
     ) -> None:
         self.model, self.optimizer, self.step, self.batch = model, optimizer, step, batch
+        self.sharding = sharding  # FSDP: the model's parameters are this rank's pieces
         self._plan = plan
         self._rule = rule
         self._optim = rule.inner if isinstance(rule, ClipGradNorm) else rule
@@ -174,6 +177,13 @@ class TrainStep:
     def plan(self) -> Plan:
         """The plan this step runs (`.save(path)`, then `magis.compile(..., plan=path)`)."""
         return self._plan
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by name, in full: under FSDP (`sharding`) all-gathered from
+        every rank's pieces (every rank must call it, as FSDP2's `full_tensor()`), else the
+        model's own."""
+        named = {n: p.detach() for n, p in self.model.named_parameters()}
+        return named if self.sharding is None else full_tensors(self.sharding, named)
 
     @property
     def captured_peak_bytes(self) -> int | None:
