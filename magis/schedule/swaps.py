@@ -188,10 +188,15 @@ def time_swaps_by_moves(
     return order
 
 
-def _compute_starts(order, times, copies) -> np.ndarray:
-    """When each node of `order` (and the end, last) starts if only the compute ops took time."""
-    t = np.array([0.0 if n in copies else float(times[n]) for n in order])
-    return np.concatenate([[0.0], np.cumsum(t)])
+def _compute_starts(order, times: np.ndarray, copies: frozenset[int]) -> np.ndarray:
+    """When each node of `order` (and the end, last) starts if only the compute ops took time:
+    one vectorized pass (a split decoder's order has 50,000 nodes, timed on every child)."""
+    ids = np.asarray(order, dtype=np.int64)
+    t = times[ids]
+    if copies:
+        t = t.copy()
+        t[np.isin(ids, np.fromiter(copies, np.int64, len(copies)))] = 0.0
+    return np.concatenate(([0.0], np.cumsum(t)))
 
 
 def _hidden_position(
