@@ -11,7 +11,7 @@ start and the start of the Load placed after it (times as compute alone would ru
 the compute ops before). Without that, the Loads of one layer's optimizer state (a dozen
 tensors, updated one after the other) were each moved back by their own transfer only, and
 queued behind each other while the updates waited: offloading half of corpus:gpt2's AdamW
-state cost 8.6% of the step, 5.2% placed by deadlines.
+state cost 8.5% of the step, 5.0% placed by deadlines.
 
 `time_swaps` runs on every child of a search state whose graph has swaps (a 7,000-node decoder
 split 8 ways has 50,000 nodes and a few hundred copies). Moving each copy with `list.remove`,
