@@ -39,6 +39,7 @@ from magis.bench.coverage_models import (
     DIFFUSERS,
     Architecture,
     Case,
+    NoTrainingHeadError,
     build_transformers_case,
     transformers_architectures,
 )
@@ -106,6 +107,9 @@ class ArchResult:
     seconds: float = 0.0
     failure: Failure | None = None
     notes: list[str] = field(default_factory=list)
+    # why the architecture is counted apart, not as one of magis's failures (`EXCLUDED`): it
+    # needs an optional library not installed here, or its head computes no loss
+    excluded: str = ""
 
 
 def all_architectures() -> list[Architecture]:
@@ -226,6 +230,7 @@ def run_architecture(cell: Cell) -> ArchResult:
             )
     except Exception as exc:  # noqa: BLE001 - any failure of one architecture is its row
         result.failure = Failure(arch.label, stage, _category(exc), _message(exc))
+        result.excluded = _exclusion(stage, exc)
     finally:
         result.seconds = time.perf_counter() - start
     return result
@@ -287,6 +292,20 @@ def _verified(ran: RunReport, result: ArchResult, stage: str) -> bool:
             f"(tolerance {ran.tolerance:.0e})",
         )
     return ran.verified
+
+
+NOT_INSTALLABLE, NO_TRAINING_HEAD = "not installable here", "no training head"
+
+
+def _exclusion(stage: str, exc: BaseException) -> str:
+    """Why a build failure is no failure of magis's: the model needs an optional library that
+    is not installed (transformers' `requires_backends`: natten, detectron2, timm), or its
+    head computes no loss (an inference-only head such as DeiT's with a teacher)."""
+    if stage != "build":
+        return ""
+    if isinstance(exc, ImportError):
+        return NOT_INSTALLABLE
+    return NO_TRAINING_HEAD if isinstance(exc, NoTrainingHeadError) else ""
 
 
 def _innermost_magis_error(exc: BaseException) -> BaseException:

@@ -79,6 +79,10 @@ TINY_INTS: Mapping[str, int] = {
     ),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "num_selected_experts"), 2),
+    "n_shared_experts": 1,
+    "num_groups": 8,  # group normalization's groups, which divide the tiny channel widths
+    "n_groups": 1,  # a state-space model's groups of heads, which divide the heads
+    "max_length": 64,  # a spectrogram's frames (audio spectrogram transformers)
     **dict.fromkeys(("vocab_size", "n_vocab", "decoder_vocab_size"), 512),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions"), 64),
     "max_target_positions": 64,
@@ -95,7 +99,14 @@ TINY_INTS: Mapping[str, int] = {
     "num_labels": 2,
 }
 # Attributes a config may leave None for the model to derive or require: given the cap.
-FILL_WHEN_NONE = ("vocab_size", "head_dim", "num_key_value_heads")
+FILL_WHEN_NONE = (
+    "vocab_size",
+    "head_dim",
+    "num_key_value_heads",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "n_shared_experts",
+)
 # Per-stage lists (a CNN's widths, a hierarchical transformer's depths): each element capped.
 TINY_LISTS: Mapping[str, int] = {
     "depths": 1,
@@ -132,7 +143,15 @@ def tiny_changes(config: Any) -> dict[str, Any]:
         new = _tiny_value(key, value)
         if new is not value:
             changes[key] = new
-    for fix in (_per_layer_lists_cut, _heads_consistent, _token_ids_in_vocabulary, _start_ids):
+    fixes = (
+        _per_layer_lists_cut,
+        _layer_counts_fit,
+        _heads_consistent,
+        _expert_groups_divide,
+        _token_ids_in_vocabulary,
+        _start_ids,
+    )
+    for fix in fixes:
         changes.update(fix(before, {**before, **changes}))
     return changes
 
@@ -218,23 +237,67 @@ def _per_layer_lists_cut(before: Mapping[str, Any], now: Mapping[str, Any]) -> d
     return changes
 
 
+def _layer_counts_fit(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
+    """A count of some of the layers (`num_kv_shared_layers`: the last 15 of 35 share their
+    keys and values) that no longer fits the new depth, scaled to it (rounded down)."""
+    depths = [(_int(before, k), _int(now, k)) for k in LAYER_COUNT_NAMES]
+    old, new = next(((o, n) for o, n in depths if o and n and n < o), (None, None))
+    if old is None or new is None:
+        return {}
+    return {
+        key: value * new // old
+        for key, value in before.items()
+        if key.endswith("_layers")
+        and key not in LAYER_COUNT_NAMES
+        and _int(before, key)
+        and new <= value < old
+    }
+
+
+def _first(values: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str | None, int | None]:
+    return next(((k, _int(values, k)) for k in names if _int(values, k)), (None, None))
+
+
 def _heads_consistent(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
     """Heads that divide the hidden size; key/value heads in the config's ratio to the heads
     (as many as the heads where they were as many: multi-head and latent attention); a head
-    size that, times the heads, made the hidden size, still making it."""
+    size that, times the heads, made a multiple of the hidden size (a state-space model's
+    heads span `expand` times it) still making that multiple."""
     changes: dict[str, Any] = {}
-    hidden, heads = _int(now, "hidden_size"), _int(now, "num_attention_heads")
-    if hidden and heads and hidden % heads:
+    hidden_key, hidden = _first(now, HIDDEN_NAMES)
+    heads_key, heads = _first(now, HEAD_NAMES)
+    if hidden and heads and heads_key == "num_attention_heads" and hidden % heads:
         heads = max(h for h in range(1, heads + 1) if hidden % h == 0)
-        changes["num_attention_heads"] = heads
-    old_heads, old_kv = _int(before, "num_attention_heads"), _int(before, "num_key_value_heads")
-    if heads and "num_key_value_heads" in now:
+        changes[heads_key] = heads
+    old_heads = _int(before, heads_key) if heads_key else None
+    old_kv = _int(before, "num_key_value_heads")
+    if heads and heads_key == "num_attention_heads" and "num_key_value_heads" in now:
         group = old_heads // old_kv if old_heads and old_kv and old_heads % old_kv == 0 else 1
         kv = max(1, heads // group)
         changes["num_key_value_heads"] = kv if heads % kv == 0 else heads
-    old_hidden, old_dim = _int(before, "hidden_size"), _int(before, "head_dim")
-    if hidden and heads and old_dim and old_heads and old_dim * old_heads == old_hidden:
-        changes["head_dim"] = hidden // heads
+    old_hidden = _int(before, hidden_key) if hidden_key else None
+    old_dim = _int(before, "head_dim")
+    if hidden and heads and old_dim and old_heads and old_hidden:
+        spans, rest = divmod(old_dim * old_heads, old_hidden)
+        if spans and not rest and (spans * hidden) % heads == 0:
+            changes["head_dim"] = spans * hidden // heads
+    return changes
+
+
+def _expert_groups_divide(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
+    """Expert groups (DeepSeek's group-limited routing: each token's experts come from its
+    best `topk_group` of `n_group` groups) that divide the experts, two or more to a group
+    (a group is scored by its best two), and no more groups chosen than there are."""
+    _, experts = _first(now, ("n_routed_experts", "num_experts", "num_local_experts"))
+    groups = _int(now, "n_group")
+    if not experts or not groups:
+        return {}
+    fits = [g for g in range(1, groups + 1) if experts % g == 0 and experts // g >= 2]
+    new = max(fits, default=1)
+    changes: dict[str, Any] = {"n_group": new} if new != groups else {}
+    chosen = _int(now, "topk_group")
+    if chosen and chosen > new:
+        changes["topk_group"] = new
     return changes
 
 

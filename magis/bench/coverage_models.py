@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from magis.bench.coverage_configs import BATCH, IMAGE, LENGTH, tiny_config
+from magis.errors import MagisError
 
 TRANSFORMERS, DIFFUSERS = "transformers", "diffusers"
 
@@ -44,6 +45,11 @@ TARGET_LENGTH, AUDIO_SAMPLES, LABEL_LENGTH = 8, 4000, 4
 # unset is inferred from the labels (some heads, DeBERTa's, then select the labelled rows by
 # value, `nonzero`); set, every head takes the static cross-entropy path.
 SINGLE_LABEL = ("SEQUENCE_CLASSIFICATION", "IMAGE_CLASSIFICATION", "AUDIO_CLASSIFICATION")
+
+
+class NoTrainingHeadError(MagisError):
+    """A class of a training mapping whose forward takes no labels and computes no loss (an
+    inference-only head): it is counted apart, not as a failure."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,16 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
         torch.set_default_dtype(previous)
     generator = torch.Generator().manual_seed(seed)
     loss = ctc_loss if arch.task == "CTC" else None
+    if loss is None and not _takes_labels(model):
+        raise NoTrainingHeadError(
+            f"{arch.name}.forward takes no labels: an inference-only head, with no loss to train"
+        )
     return Case(model, task_batch(arch.task, model, config, dtype, generator), loss)
+
+
+def _takes_labels(model: torch.nn.Module) -> bool:
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def ctc_loss(model: torch.nn.Module, labels: torch.Tensor, **inputs) -> torch.Tensor:
@@ -150,23 +165,53 @@ def task_batch(
 def _main_input(
     model: torch.nn.Module, config: Any, dtype: torch.dtype, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
-    """The model's main input (`model.main_input_name`) at the sweep's sizes."""
+    """The model's main input (`model.main_input_name`) at the sweep's sizes. Audio features
+    come in either layout a library uses ([batch, mel bins, frames] as Whisper's, [batch,
+    frames, mel bins] as the conformers'; raw samples, or frames of mel bins as the audio
+    spectrogram transformers'): the first the model runs on is taken."""
     name = getattr(model, "main_input_name", "input_ids")
+    if name not in ("pixel_values", "input_values", "input_features"):
+        return {name: _token_ids(config, gen)}
+    shapes = _feature_shapes(name, config)
+    for shape in shapes[:-1]:
+        inputs = {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
+        if _runs(model, inputs):
+            return inputs
+    return {name: torch.randn(shapes[-1], generator=gen, dtype=torch.float64).to(dtype)}
+
+
+def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
+    """The shapes a main input of floats may take, most common first."""
+    mel = getattr(config, "num_mel_bins", None)
     if name == "pixel_values":
-        channels = getattr(config, "num_channels", 3)
         side = getattr(config, "image_size", IMAGE)
         side = side if isinstance(side, int) else IMAGE
-        shape = (BATCH, channels, side, side)
-    elif name == "input_values":
-        shape = (BATCH, AUDIO_SAMPLES)
-    elif name == "input_features":
-        frames = 2 * getattr(config, "max_source_positions", LENGTH)
-        shape = (BATCH, getattr(config, "num_mel_bins", 16), frames)
-    else:  # token ids, each row ending as a sentence does, with the end-of-sequence id
-        vocab = getattr(config, "vocab_size", None) or 2
-        ids = _ids(gen, vocab, BATCH, LENGTH)
-        eos = getattr(config, "eos_token_id", None)
-        if isinstance(eos, int) and 0 <= eos < vocab:
-            ids[:, -1] = eos
-        return {name: ids}
-    return {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
+        return [(BATCH, getattr(config, "num_channels", 3), side, side)]
+    if name == "input_values":
+        frames = getattr(config, "max_length", None)
+        spectrogram = (
+            [(BATCH, frames, mel)] if isinstance(mel, int) and isinstance(frames, int) else []
+        )
+        return [(BATCH, AUDIO_SAMPLES), *spectrogram]
+    frames = 2 * getattr(config, "max_source_positions", LENGTH)
+    mel = mel if isinstance(mel, int) else 16
+    return [(BATCH, mel, frames), (BATCH, frames, mel)]
+
+
+def _runs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception:  # noqa: BLE001 - any failure: the next layout
+        return False
+    return True
+
+
+def _token_ids(config: Any, gen: torch.Generator) -> torch.Tensor:
+    """Token ids, each row ending as a sentence does, with the end-of-sequence id."""
+    vocab = getattr(config, "vocab_size", None) or 2
+    ids = _ids(gen, vocab, BATCH, LENGTH)
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int) and 0 <= eos < vocab:
+        ids[:, -1] = eos
+    return ids
