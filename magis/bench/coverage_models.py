@@ -175,7 +175,7 @@ def _main_input(
     shapes = _feature_shapes(name, config)
     for shape in shapes[:-1]:
         inputs = {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
-        if _runs(model, inputs):
+        if runs_eagerly(model, inputs):
             return inputs
     return {name: torch.randn(shapes[-1], generator=gen, dtype=torch.float64).to(dtype)}
 
@@ -198,7 +198,9 @@ def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
     return [(BATCH, mel, frames), (BATCH, frames, mel)]
 
 
-def _runs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> bool:
+def runs_eagerly(model: torch.nn.Module, inputs: dict[str, Any]) -> bool:
+    """Whether `model(**inputs)` runs (without gradients): how the sweep tells which of an
+    input's layouts a model takes."""
     try:
         with torch.no_grad():
             model(**inputs)
