@@ -95,6 +95,8 @@ FILL_WHEN_NONE: Mapping[str, int] = {"in_channels": 8, "patch_size": 2, "sample_
 # of those, the ones that choose a path (a patched latent, not a continuous one): filled only
 # where the constructor refuses the model without them
 PATH_FILLS = ("patch_size", "sample_size")
+# the rotary positions of a packed latent's tokens and of the text's (`packed_inputs`)
+PACKED_POSITIONS = ("img_ids", "txt_ids")
 # per-axis rotary sizes (time, height, width), whose sum is the head size
 ROPE_AXES = ("axes_dims_rope", "axes_dim_rope", "rope_axes_dim", "axes_dims", "axes_dim")
 BLOCK_WIDTHS = (32, 64)
@@ -268,12 +270,12 @@ def packed_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dic
     axes = next((len(v) for k in ROPE_AXES if isinstance(v := getattr(model.config, k, None),
                  list | tuple)), 3)  # fmt: skip
     params = inspect.signature(model.forward).parameters
-    if "img_ids" in params:
+    if PACKED_POSITIONS[0] in params:
         rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
         ids = torch.zeros(h * w, axes)
         ids[:, 1], ids[:, 2] = rows.flatten(), cols.flatten()
         packed["img_ids"] = ids
-    if "txt_ids" in params:
+    if PACKED_POSITIONS[1] in params:
         packed["txt_ids"] = torch.zeros(TEXT_TOKENS, axes)
     return packed
 
@@ -312,7 +314,7 @@ def forward_inputs(
         value = make(config, dtype, gen) if make is not None else None
         if value is not None:
             batch[p.name] = value
-        elif p.default is inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD:
+        elif required and p.kind is not p.VAR_KEYWORD and p.name not in PACKED_POSITIONS:
             raise ValueError(f"no tiny input for {type(model).__name__}.forward's `{p.name}`")
     return batch
 
@@ -326,7 +328,9 @@ def _latent(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tens
 
 
 def _timestep(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    return torch.randint(1, 1000, (BATCH,), generator=gen)
+    """Timesteps in [1, 1000), in the model's float dtype as the flow-matching pipelines pass
+    them (a model that embeds them with a linear layer takes no integers)."""
+    return torch.randint(1, 1000, (BATCH,), generator=gen).to(dtype)
 
 
 def _text(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor | None:
