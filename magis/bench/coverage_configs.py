@@ -148,6 +148,7 @@ def tiny_changes(config: Any) -> dict[str, Any]:
         _layer_counts_fit,
         _heads_consistent,
         _expert_groups_divide,
+        _windows_fit,
         _token_ids_in_vocabulary,
         _start_ids,
     )
@@ -199,6 +200,9 @@ def _tiny_value(key: str, value: Any) -> Any:
         return type(value)(capped)
     if key in TINY_INTS and isinstance(value, int) and not isinstance(value, bool):
         return min(value, TINY_INTS[key]) if value > TINY_INTS[key] else value
+    ints = isinstance(value, list | tuple) and all(type(v) is int for v in value)
+    if key in TINY_INTS and ints and value:  # (height, width)
+        return type(value)(min(v, TINY_INTS[key]) for v in value)
     if key in FILL_WHEN_NONE and value is None:
         return TINY_INTS[key]
     if key in NO_RANDOM_CHOICE and isinstance(value, float) and value:
@@ -299,6 +303,22 @@ def _expert_groups_divide(before: Mapping[str, Any], now: Mapping[str, Any]) -> 
     if chosen and chosen > new:
         changes["topk_group"] = new
     return changes
+
+
+def _windows_fit(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
+    """An attention window no larger than the last stage's feature map (a Swin's stages halve
+    the image's patches: at full size the last is as large as the window, at tiny size it is
+    smaller, and the relative-position table sized for the window no longer fits)."""
+    window, image, patch = (
+        _int(now, "window_size"),
+        _int(now, "image_size"),
+        _int(now, "patch_size"),
+    )
+    depths = now.get("depths")
+    if not (window and image and patch and isinstance(depths, list | tuple) and depths):
+        return {}
+    last = max(1, image // patch // 2 ** (len(depths) - 1))
+    return {"window_size": last} if window > last else {}
 
 
 def _token_ids_in_vocabulary(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:

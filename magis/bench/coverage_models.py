@@ -185,8 +185,8 @@ def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
     mel = getattr(config, "num_mel_bins", None)
     if name == "pixel_values":
         side = getattr(config, "image_size", IMAGE)
-        side = side if isinstance(side, int) else IMAGE
-        return [(BATCH, getattr(config, "num_channels", 3), side, side)]
+        height, width = (side, side) if isinstance(side, int) else tuple(side)[:2] or (IMAGE, IMAGE)
+        return [(BATCH, getattr(config, "num_channels", 3), height, width)]
     if name == "input_values":
         frames = getattr(config, "max_length", None)
         spectrogram = (
