@@ -87,7 +87,7 @@ TINY_INTS: Mapping[str, int] = {
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions"), 64),
     "max_target_positions": 64,
     "image_size": IMAGE,
-    "num_mel_bins": 16,
+    **dict.fromkeys(("num_mel_bins", "input_feat_per_channel", "feature_size"), 16),
     **dict.fromkeys(("embedding_size", "projection_dim", "kv_lora_rank", "q_lora_rank"), 64),
     "num_conv_pos_embeddings": 16,
     "num_conv_pos_embedding_groups": 4,
@@ -149,6 +149,7 @@ def tiny_changes(config: Any) -> dict[str, Any]:
         _heads_consistent,
         _expert_groups_divide,
         _windows_fit,
+        _parts_of_the_hidden_size,
         _token_ids_in_vocabulary,
         _start_ids,
     )
@@ -167,11 +168,17 @@ def rebuilt(config: Any, changes: Mapping[str, Any]) -> Any:
     try:
         chosen = _set_apart_from_defaults(config, cls())
         arguments = {**chosen, **changes}
-        return cls(**{k: v for k, v in arguments.items() if accepted is None or k in accepted})
+        fresh = cls(**{k: v for k, v in arguments.items() if accepted is None or k in accepted})
     except Exception:  # noqa: BLE001 - any refusal: the caps set in place, as they are
         for key, value in changes.items():
             setattr(config, key, value)
         return config
+    # a change the constructor does not take, to an attribute it did not derive (T5's decoder
+    # start id, which its classification head reads), is set on the new config
+    for key, value in changes.items():
+        if accepted is not None and key not in accepted and not hasattr(fresh, key):
+            setattr(fresh, key, value)
+    return fresh
 
 
 def _set_apart_from_defaults(config: Any, default: Any) -> dict[str, Any]:
@@ -319,6 +326,29 @@ def _windows_fit(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str,
         return {}
     last = max(1, image // patch // 2 ** (len(depths) - 1))
     return {"window_size": last} if window > last else {}
+
+
+def _parts_of_the_hidden_size(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
+    """A list of sizes that summed to the hidden size (Reformer's axial position embeddings,
+    concatenated into it) split in the same proportions to sum to the tiny one."""
+    hidden_key, old = _first(before, HIDDEN_NAMES)
+    new = _int(now, hidden_key) if hidden_key else None
+    if not old or not new or new == old:
+        return {}
+    return {
+        key: type(value)(_split(new, list(value)))
+        for key, value in before.items()
+        if isinstance(value, list | tuple)
+        and len(value) > 1
+        and all(type(v) is int and v > 0 for v in value)
+        and sum(value) == old
+    }
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """`total` in parts of at least 1, in proportion to `weights`; the rest to the last."""
+    parts = [max(1, total * w // sum(weights)) for w in weights[:-1]]
+    return [*parts, max(1, total - sum(parts))]
 
 
 def _token_ids_in_vocabulary(before: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:

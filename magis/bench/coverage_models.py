@@ -41,6 +41,9 @@ TASKS = (
 TARGET_LENGTH, AUDIO_SAMPLES, LABEL_LENGTH = 8, 4000, 4
 
 
+# the config attributes that give an audio feature's width (mel bins per frame)
+MEL_BINS = ("num_mel_bins", "input_feat_per_channel", "feature_size")
+
 # Heads that classify a whole input: their loss is chosen by `config.problem_type`, which left
 # unset is inferred from the labels (some heads, DeBERTa's, then select the labelled rows by
 # value, `nonzero`); set, every head takes the static cross-entropy path.
@@ -95,6 +98,8 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
     config = tiny_config(cls.config_class())
     if arch.task in SINGLE_LABEL and hasattr(config, "problem_type"):
         config.problem_type = "single_label_classification"
+    if arch.task == "CAUSAL_LM" and hasattr(config, "is_decoder"):
+        config.is_decoder = True  # an encoder's causal-LM head trains it as a decoder (BERT's)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -108,7 +113,26 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
         raise NoTrainingHeadError(
             f"{arch.name}.forward takes no labels: an inference-only head, with no loss to train"
         )
-    return Case(model, task_batch(arch.task, model, config, dtype, generator), loss)
+    shapes = _main_input_shapes(model, config)
+    for i, shape in enumerate(shapes):  # the first layout of the main input the step runs on
+        batch = task_batch(
+            arch.task, model, config, _main_input(model, config, shape, dtype, generator), generator
+        )
+        if i == len(shapes) - 1 or _loss_runs(model, batch, loss):
+            break
+    return Case(model, batch, loss)
+
+
+def _loss_runs(model: torch.nn.Module, batch: dict[str, Any], loss: Callable | None) -> bool:
+    """Whether the training loss runs eagerly on `batch` (without gradients)."""
+    if loss is None:
+        return runs_eagerly(model, batch)
+    try:
+        with torch.no_grad():
+            loss(model, **batch)
+    except Exception:  # noqa: BLE001 - any failure: the next layout
+        return False
+    return True
 
 
 def _takes_labels(model: torch.nn.Module) -> bool:
@@ -134,12 +158,16 @@ def _ids(generator: torch.Generator, high: int, *shape: int) -> torch.Tensor:
 
 
 def task_batch(
-    task: str, model: torch.nn.Module, config: Any, dtype: torch.dtype, gen: torch.Generator
+    task: str,
+    model: torch.nn.Module,
+    config: Any,
+    inputs: dict[str, torch.Tensor],
+    gen: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """The keyword batch a head of `task` trains on, with `labels=` so it returns `.loss`."""
+    """The keyword batch a head of `task` trains on, with `labels=` so it returns `.loss`:
+    the main `inputs`, and what the task adds to them."""
     vocab = getattr(config, "vocab_size", None) or 2
     labels = getattr(config, "num_labels", 2)
-    inputs = _main_input(model, config, dtype, gen)
     if task in ("CAUSAL_LM", "MASKED_LM"):
         return {**inputs, "labels": _ids(gen, vocab, BATCH, LENGTH)}
     if task in ("SEQ_TO_SEQ_CAUSAL_LM", "SPEECH_SEQ_2_SEQ"):
@@ -163,26 +191,35 @@ def task_batch(
 
 
 def _main_input(
-    model: torch.nn.Module, config: Any, dtype: torch.dtype, gen: torch.Generator
+    model: torch.nn.Module,
+    config: Any,
+    shape: tuple[int, ...] | None,
+    dtype: torch.dtype,
+    gen: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """The model's main input (`model.main_input_name`) at the sweep's sizes. Audio features
-    come in either layout a library uses ([batch, mel bins, frames] as Whisper's, [batch,
+    """The model's main input (`model.main_input_name`) of `shape` (None: token ids)."""
+    name = getattr(model, "main_input_name", "input_ids")
+    if shape is None:
+        return {name: _token_ids(config, gen)}
+    return {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
+
+
+def _main_input_shapes(model: torch.nn.Module, config: Any) -> list[tuple[int, ...] | None]:
+    """The shapes the main input may take, at the sweep's sizes: None for token ids; audio
+    features in either layout a library uses ([batch, mel bins, frames] as Whisper's, [batch,
     frames, mel bins] as the conformers'; raw samples, or frames of mel bins as the audio
-    spectrogram transformers'): the first the model runs on is taken."""
+    spectrogram transformers'), of which the first the step runs on is taken."""
     name = getattr(model, "main_input_name", "input_ids")
     if name not in ("pixel_values", "input_values", "input_features"):
-        return {name: _token_ids(config, gen)}
-    shapes = _feature_shapes(name, config)
-    for shape in shapes[:-1]:
-        inputs = {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
-        if runs_eagerly(model, inputs):
-            return inputs
-    return {name: torch.randn(shapes[-1], generator=gen, dtype=torch.float64).to(dtype)}
+        return [None]
+    return list(_feature_shapes(name, config))
 
 
 def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
     """The shapes a main input of floats may take, most common first."""
-    mel = getattr(config, "num_mel_bins", None)
+    mel = next(
+        (v for k in MEL_BINS if isinstance(v := getattr(config, k, None), int) and v > 1), None
+    )
     if name == "pixel_values":
         side = getattr(config, "image_size", IMAGE)
         height, width = (side, side) if isinstance(side, int) else tuple(side)[:2] or (IMAGE, IMAGE)
@@ -192,7 +229,7 @@ def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
         spectrogram = (
             [(BATCH, frames, mel)] if isinstance(mel, int) and isinstance(frames, int) else []
         )
-        return [(BATCH, AUDIO_SAMPLES), *spectrogram]
+        return [(BATCH, AUDIO_SAMPLES), (BATCH, 1, AUDIO_SAMPLES), *spectrogram]
     frames = 2 * getattr(config, "max_source_positions", LENGTH)
     mel = mel if isinstance(mel, int) else 16
     return [(BATCH, mel, frames), (BATCH, frames, mel)]
