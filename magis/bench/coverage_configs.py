@@ -87,7 +87,7 @@ TINY_INTS: Mapping[str, int] = {
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions"), 64),
     "max_target_positions": 64,
     "image_size": IMAGE,
-    **dict.fromkeys(("num_mel_bins", "input_feat_per_channel", "feature_size"), 16),
+    **dict.fromkeys(("num_mel_bins", "input_feat_per_channel"), 16),
     **dict.fromkeys(("embedding_size", "projection_dim", "kv_lora_rank", "q_lora_rank"), 64),
     "num_conv_pos_embeddings": 16,
     "num_conv_pos_embedding_groups": 4,
