@@ -25,6 +25,7 @@ category (the error's type, and the ATen op it names) and its first line.
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import time
 import warnings
@@ -56,6 +57,11 @@ from magis.search import SearchOptions
 MEM_LIMIT = 0.5
 PEAK_TOLERANCE = 0.05  # |simulated - measured| / measured: the tests' tolerance for plans
 STAGES = ("build", "capture", "verify", "optimize", "plan-verify", "peak")
+
+
+class CoverageInputError(MagisError):
+    """An `--only @FILE.json` that names no coverage sweep's JSON."""
+
 
 Progress = Callable[[str, int, int], None]
 
@@ -124,14 +130,31 @@ def build_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
 
 
 def select(options: CoverageOptions, archs: Sequence[Architecture]) -> list[Architecture]:
-    """The architectures `only` matches (class name or `library:Class`), at most `limit`."""
+    """The architectures `only` matches (class name or `library:Class`; `@FILE.json`: those
+    that failed in that earlier sweep, to iterate on them), at most `limit`."""
+    patterns = [q for p in options.only for q in _expanded(p)]
     chosen = [
         a
         for a in archs
         if not options.only
-        or any(fnmatch.fnmatch(a.name, p) or fnmatch.fnmatch(a.label, p) for p in options.only)
+        or any(fnmatch.fnmatch(a.name, p) or fnmatch.fnmatch(a.label, p) for p in patterns)
     ]
     return chosen[: options.limit] if options.limit is not None else chosen
+
+
+def _expanded(pattern: str) -> list[str]:
+    """`pattern`, or for `@FILE.json` the architectures of that sweep's failures."""
+    if not pattern.startswith("@"):
+        return [pattern]
+    path = Path(pattern[1:])
+    try:
+        failures = json.loads(path.read_text())["failures"]
+        return [f["architecture"] for f in failures]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CoverageInputError(
+            f"--only {pattern}: {path} is no coverage JSON with a failures list ({exc}); "
+            "pass the file `magis bench coverage --json` wrote"
+        ) from exc
 
 
 def run_coverage(options: CoverageOptions, progress: Progress | None = None) -> CoverageReport:
