@@ -19,8 +19,14 @@ sweep's `build` failures), so the caps are applied with the relations kept:
 - heads divide the hidden size, and the ratio of attention heads to key/value heads is kept
   (multi-head latent attention has as many key/value heads as query heads; capping the two
   apart made grouped-query attention of it);
-- a head size that times the heads made the hidden size still does;
-- a list with one entry per layer is cut to the new depth keeping every kind of layer it names.
+- a head size that times the heads made a multiple of the hidden size still does;
+- a list with one entry per layer is cut to the new depth keeping every kind of layer it names,
+  and a count of some layers that no longer fits the depth is scaled to it;
+- expert groups divide the experts, attention windows fit the last stage's feature map, and
+  sizes that summed to the hidden size sum to the tiny one.
+
+A change the constructor does not take is set on the new config only where the constructor
+derived no such attribute (a derived `head_dim` is the constructor's, not the cap's).
 """
 
 from __future__ import annotations
