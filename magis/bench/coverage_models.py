@@ -136,8 +136,9 @@ def _loss_runs(model: torch.nn.Module, batch: dict[str, Any], loss: Callable | N
 
 
 def _takes_labels(model: torch.nn.Module) -> bool:
-    params = inspect.signature(model.forward).parameters.values()
-    return any(p.name == "labels" or p.kind is p.VAR_KEYWORD for p in params)
+    """Whether the forward names `labels` (a head with a loss names it; an inference-only head,
+    such as DeiT's with a teacher, takes only `**kwargs` besides its inputs)."""
+    return "labels" in inspect.signature(model.forward).parameters
 
 
 def ctc_loss(model: torch.nn.Module, labels: torch.Tensor, **inputs) -> torch.Tensor:
