@@ -23,7 +23,10 @@ so nothing changes outside a capture.
   valid (a `reshape` of the gradient) fails when the program runs (Doge's softplus over a
   transposed gradient). magis's kernel is the TensorIterator's own result for (gradient,
   input), and the op is entered in `torch._decomp.meta_table` for the block, as FakeTensorMode
-  prefers a decomposition over a registered fake kernel for ops without a meta.
+  prefers a decomposition over a registered fake kernel for ops without a meta. The regression
+  losses' backward ops (`LOSS_BACKWARD`: MSE, smooth L1, Huber) likewise: their kernels return a
+  contiguous gradient, the decomposition one laid out as the input (Sana's and HunyuanImage's
+  loss on a permuted prediction).
 """
 
 from __future__ import annotations
@@ -112,6 +115,26 @@ POINTWISE_BACKWARD = (
     "hardtanh_backward",
 )
 
+
+def loss_backward_fake(
+    grad_output: torch.Tensor, self: torch.Tensor, *args, **kwargs
+) -> torch.Tensor:
+    """The gradient of a regression loss's input, contiguous as the kernels allocate it
+    (`zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT)`), whatever the input's layout."""
+    return self.new_empty(self.shape)
+
+
+# regression losses' backward ops whose decomposition lays the gradient out as the input while
+# the kernels make it contiguous (Sana's loss on a permuted prediction); tested as above
+LOSS_BACKWARD = ("mse_loss_backward", "smooth_l1_loss_backward", "huber_loss_backward")
+
+# ops without a meta kernel whose decomposition lays out the output unlike their kernels: for
+# the capture, FakeTensorMode takes magis's kernel before the decomposition
+LAYOUT_KERNELS: dict[str, Callable] = {
+    **dict.fromkeys(POINTWISE_BACKWARD, pointwise_backward_fake),
+    **dict.fromkeys(LOSS_BACKWARD, loss_backward_fake),
+}
+
 # op overload -> its fake kernel, registered by `capture_kernels`
 CAPTURE_KERNELS: dict[str, Callable] = {
     "aten::_ctc_loss": ctc_loss_fake,
@@ -119,7 +142,7 @@ CAPTURE_KERNELS: dict[str, Callable] = {
     "aten::_ctc_loss_backward": ctc_loss_backward_fake,
     "aten::_ctc_loss_backward.Tensor": ctc_loss_backward_fake,
     "aten::_grouped_mm": grouped_mm_fake,
-    **{f"aten::{name}": pointwise_backward_fake for name in POINTWISE_BACKWARD},
+    **{f"aten::{name}": kernel for name, kernel in LAYOUT_KERNELS.items()},
 }
 
 
@@ -137,15 +160,14 @@ KERNEL_OPS = frozenset(_overload_name(q) for q in CAPTURE_KERNELS)
 def capture_kernels() -> Iterator[None]:
     """`CAPTURE_KERNELS` registered for the block, and removed after it (module docstring)."""
     lib = torch.library.Library("aten", "FRAGMENT")
-    preferred = [getattr(torch.ops.aten, name).default for name in POINTWISE_BACKWARD]
+    preferred = {getattr(torch.ops.aten, n).default: k for n, k in LAYOUT_KERNELS.items()}
     kept = {op: meta_table[op] for op in preferred if op in meta_table}
     # fake tensors cache an op's output per input signature: forget what torch's kernels gave
     FakeTensorMode.cache_clear()
     try:
         for name, kernel in CAPTURE_KERNELS.items():
             torch.library.register_fake(name, kernel, lib=lib, allow_override=True)
-        for op in preferred:  # FakeTensorMode takes the fake kernel, not the decomposition
-            meta_table[op] = pointwise_backward_fake
+        meta_table.update(preferred)  # FakeTensorMode takes these, not the decomposition
         yield
     finally:
         for op in preferred:

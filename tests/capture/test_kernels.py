@@ -74,6 +74,11 @@ BACKWARDS = {
     "logit_backward": lambda g, x: A.logit_backward(g, x.sigmoid()),
     "hardtanh_backward": lambda g, x: A.hardtanh_backward(g, x, -1.0, 1.0),
 }
+LOSSES = {
+    "mse_loss_backward": lambda g, x, t: A.mse_loss_backward(g, x, t, 1),
+    "smooth_l1_loss_backward": lambda g, x, t: A.smooth_l1_loss_backward(g, x, t, 1, 1.0),
+    "huber_loss_backward": lambda g, x, t: A.huber_loss_backward(g, x, t, 1, 1.0),
+}
 LAYOUTS = {
     "contiguous": lambda: torch.randn(2, 4, 16),
     "transposed": lambda: torch.randn(2, 16, 4).transpose(1, 2),
@@ -123,3 +128,20 @@ def test_a_view_of_an_activation_gradient_verifies(float64):
     program = compile_program(step.graph, step.graph.program_order())
     check = verify(step, program, step.make_inputs(), tolerance=1e-9)
     assert check.verified, (check.worst, check.max_rel_err)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_regression_loss_gradients_are_contiguous_as_their_kernels_make_them(name):
+    from magis.capture.kernels import LOSS_BACKWARD
+
+    assert name in LOSS_BACKWARD
+    op, differed, grad = LOSSES[name], False, torch.ones(())
+    for input_layout in LAYOUTS.values():
+        for target_layout in LAYOUTS.values():
+            x, t = input_layout(), target_layout()
+            real = op(grad, x, t).stride()
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                differed |= op(*map(mode.from_tensor, (grad, x, t))).stride() != real
+            with capture_kernels(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                assert op(*map(mode.from_tensor, (grad, x, t))).stride() == real
+    assert differed
