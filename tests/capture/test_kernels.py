@@ -1,6 +1,7 @@
 """magis's fake kernels exist only while a step is captured: a CTC loss (tensor lengths) and a
 float32 grouped matmul capture and verify against eager PyTorch; outside a capture torch's own
-refusals are back."""
+refusals are back. The activations' and regression losses' backward ops are laid out at capture
+as their kernels lay them out, so a recorded view of their gradients runs."""
 
 import pytest
 import torch
