@@ -25,6 +25,7 @@ category (the error's type, and the ATen op it names) and its first line.
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import time
 import warnings
@@ -39,6 +40,7 @@ from magis.bench.coverage_models import (
     DIFFUSERS,
     Architecture,
     Case,
+    NoTrainingHeadError,
     build_transformers_case,
     transformers_architectures,
 )
@@ -55,6 +57,11 @@ from magis.search import SearchOptions
 MEM_LIMIT = 0.5
 PEAK_TOLERANCE = 0.05  # |simulated - measured| / measured: the tests' tolerance for plans
 STAGES = ("build", "capture", "verify", "optimize", "plan-verify", "peak")
+
+
+class CoverageInputError(MagisError):
+    """An `--only @FILE.json` that names no coverage sweep's JSON."""
+
 
 Progress = Callable[[str, int, int], None]
 
@@ -106,6 +113,9 @@ class ArchResult:
     seconds: float = 0.0
     failure: Failure | None = None
     notes: list[str] = field(default_factory=list)
+    # why the architecture is counted apart, not as one of magis's failures (`EXCLUDED`): it
+    # needs an optional library not installed here, or its head computes no loss
+    excluded: str = ""
 
 
 def all_architectures() -> list[Architecture]:
@@ -120,14 +130,31 @@ def build_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
 
 
 def select(options: CoverageOptions, archs: Sequence[Architecture]) -> list[Architecture]:
-    """The architectures `only` matches (class name or `library:Class`), at most `limit`."""
+    """The architectures `only` matches (class name or `library:Class`; `@FILE.json`: those
+    that failed in that earlier sweep, to iterate on them), at most `limit`."""
+    patterns = [q for p in options.only for q in _expanded(p)]
     chosen = [
         a
         for a in archs
         if not options.only
-        or any(fnmatch.fnmatch(a.name, p) or fnmatch.fnmatch(a.label, p) for p in options.only)
+        or any(fnmatch.fnmatch(a.name, p) or fnmatch.fnmatch(a.label, p) for p in patterns)
     ]
     return chosen[: options.limit] if options.limit is not None else chosen
+
+
+def _expanded(pattern: str) -> list[str]:
+    """`pattern`, or for `@FILE.json` the architectures of that sweep's failures."""
+    if not pattern.startswith("@"):
+        return [pattern]
+    path = Path(pattern[1:])
+    try:
+        failures = json.loads(path.read_text())["failures"]
+        return [f["architecture"] for f in failures]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CoverageInputError(
+            f"--only {pattern}: {path} is no coverage JSON with a failures list ({exc}); "
+            "pass the file `magis bench coverage --json` wrote"
+        ) from exc
 
 
 def run_coverage(options: CoverageOptions, progress: Progress | None = None) -> CoverageReport:
@@ -226,6 +253,7 @@ def run_architecture(cell: Cell) -> ArchResult:
             )
     except Exception as exc:  # noqa: BLE001 - any failure of one architecture is its row
         result.failure = Failure(arch.label, stage, _category(exc), _message(exc))
+        result.excluded = _exclusion(stage, exc)
     finally:
         result.seconds = time.perf_counter() - start
     return result
@@ -287,6 +315,20 @@ def _verified(ran: RunReport, result: ArchResult, stage: str) -> bool:
             f"(tolerance {ran.tolerance:.0e})",
         )
     return ran.verified
+
+
+NOT_INSTALLABLE, NO_TRAINING_HEAD = "not installable here", "no training head"
+
+
+def _exclusion(stage: str, exc: BaseException) -> str:
+    """Why a build failure is no failure of magis's: the model needs an optional library that
+    is not installed (transformers' `requires_backends`: natten, detectron2, timm), or its
+    head computes no loss (an inference-only head such as DeiT's with a teacher)."""
+    if stage != "build":
+        return ""
+    if isinstance(exc, ImportError):
+        return NOT_INSTALLABLE
+    return NO_TRAINING_HEAD if isinstance(exc, NoTrainingHeadError) else ""
 
 
 def _innermost_magis_error(exc: BaseException) -> BaseException:

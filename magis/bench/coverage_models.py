@@ -5,24 +5,23 @@ transformers' task mappings (`TASKS`, from causal LM to audio classification), o
 model (`magis.bench.coverage_diffusers`). Each is named by its library and class, so a worker
 process builds it from the name alone.
 
-A tiny configuration is derived from the class's own config class, generically: every
-attribute listed in `TINY_INTS` that the config has is capped (2 layers, hidden 64, 4 heads,
-vocabulary 512, ...), lists of per-stage sizes are capped element-wise (`TINY_LISTS`), special
-token ids are kept inside the vocabulary, and the training-only random choices that one static
-graph cannot hold are switched off (`NO_RANDOM_CHOICE`: LayerDrop and SpecAugment masks, which
-a captured step would draw once while eager PyTorch draws anew; README "Coverage"). There is no
-table of per-model settings: what the derivation misses is a failure row of the sweep.
+Each is built at a tiny configuration derived from its config class (`coverage_configs`):
+there is no table of per-model settings, and what the derivation misses is a failure row of the
+sweep.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from magis.bench.coverage_configs import BATCH, IMAGE, LENGTH, tiny_config
+from magis.errors import MagisError
 
 TRANSFORMERS, DIFFUSERS = "transformers", "diffusers"
 
@@ -39,92 +38,21 @@ TASKS = (
     "SPEECH_SEQ_2_SEQ",
 )
 
-BATCH, LENGTH, TARGET_LENGTH, IMAGE, AUDIO_SAMPLES, LABEL_LENGTH = 2, 16, 8, 32, 4000, 4
+TARGET_LENGTH, AUDIO_SAMPLES, LABEL_LENGTH = 8, 4000, 4
 
-# Config attributes capped at a value, where a config has them (a smaller value is kept).
-TINY_INTS: Mapping[str, int] = {
-    **dict.fromkeys(
-        (
-            "num_hidden_layers",
-            "num_layers",
-            "n_layer",
-            "n_layers",
-            "encoder_layers",
-            "decoder_layers",
-            "num_encoder_layers",
-            "num_decoder_layers",
-            "num_hidden_groups",
-        ),
-        2,
-    ),
-    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "hidden_dim"), 64),
-    **dict.fromkeys(
-        (
-            "num_attention_heads",
-            "n_head",
-            "n_heads",
-            "num_heads",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-        ),
-        4,
-    ),
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    # latent attention's and partial rotary's head parts, as large as a head (they derive
-    # head_dim from them, or check against it)
-    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "rotary_dim"), 16),
-    "pooler_hidden_size": 64,
-    **dict.fromkeys(
-        (
-            "intermediate_size",
-            "ffn_dim",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-            "d_ff",
-            "n_inner",
-            "intermediate_dim",
-            "moe_intermediate_size",
-            "shared_expert_intermediate_size",
-        ),
-        128,
-    ),
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "num_selected_experts"), 2),
-    **dict.fromkeys(("vocab_size", "n_vocab", "decoder_vocab_size"), 512),
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "max_source_positions"), 64),
-    "max_target_positions": 64,
-    "image_size": IMAGE,
-    "num_mel_bins": 16,
-    **dict.fromkeys(("embedding_size", "projection_dim", "kv_lora_rank", "q_lora_rank"), 64),
-    "num_conv_pos_embeddings": 16,
-    "num_conv_pos_embedding_groups": 4,
-    "conv_dim": 32,
-    "tdnn_dim": 32,
-    "output_hidden_size": 64,
-    "classifier_proj_size": 32,
-    "xvector_output_dim": 32,
-    "num_labels": 2,
-}
-# Attributes a config may leave None for the model to derive or require: given the cap.
-FILL_WHEN_NONE = ("vocab_size", "head_dim", "num_key_value_heads")
-# Per-stage lists (a CNN's widths, a hierarchical transformer's depths): each element capped.
-TINY_LISTS: Mapping[str, int] = {
-    "depths": 1,
-    "hidden_sizes": 64,
-    "embed_dims": 64,
-    "num_heads": 2,
-    "conv_dim": 32,
-    "tdnn_dim": 32,
-}
-# Training-only random choices a static graph holds only once: off for the captured step.
-NO_RANDOM_CHOICE = (
-    "layerdrop",
-    "encoder_layerdrop",
-    "decoder_layerdrop",
-    "mask_time_prob",
-    "mask_feature_prob",
-)
+
+# the config attributes that give an audio feature's width (mel bins per frame)
+MEL_BINS = ("num_mel_bins", "input_feat_per_channel", "feature_size")
+
+# Heads that classify a whole input: their loss is chosen by `config.problem_type`, which left
+# unset is inferred from the labels (some heads, DeBERTa's, then select the labelled rows by
+# value, `nonzero`); set, every head takes the static cross-entropy path.
+SINGLE_LABEL = ("SEQUENCE_CLASSIFICATION", "IMAGE_CLASSIFICATION", "AUDIO_CLASSIFICATION")
+
+
+class NoTrainingHeadError(MagisError):
+    """A class of a training mapping whose forward takes no labels and computes no loss (an
+    inference-only head): it is counted apart, not as a failure."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +96,10 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
 
     cls = getattr(transformers, arch.name)
     config = tiny_config(cls.config_class())
+    if arch.task in SINGLE_LABEL and hasattr(config, "problem_type"):
+        config.problem_type = "single_label_classification"
+    if arch.task == "CAUSAL_LM" and hasattr(config, "is_decoder"):
+        config.is_decoder = True  # an encoder's causal-LM head trains it as a decoder (BERT's)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -177,7 +109,36 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
         torch.set_default_dtype(previous)
     generator = torch.Generator().manual_seed(seed)
     loss = ctc_loss if arch.task == "CTC" else None
-    return Case(model, task_batch(arch.task, model, config, dtype, generator), loss)
+    if loss is None and not _takes_labels(model):
+        raise NoTrainingHeadError(
+            f"{arch.name}.forward takes no labels: an inference-only head, with no loss to train"
+        )
+    shapes = _main_input_shapes(model, config)
+    for i, shape in enumerate(shapes):  # the first layout of the main input the step runs on
+        batch = task_batch(
+            arch.task, model, config, _main_input(model, config, shape, dtype, generator), generator
+        )
+        if i == len(shapes) - 1 or _loss_runs(model, batch, loss):
+            break
+    return Case(model, batch, loss)
+
+
+def _loss_runs(model: torch.nn.Module, batch: dict[str, Any], loss: Callable | None) -> bool:
+    """Whether the training loss runs eagerly on `batch` (without gradients)."""
+    if loss is None:
+        return runs_eagerly(model, batch)
+    try:
+        with torch.no_grad():
+            loss(model, **batch)
+    except Exception:  # noqa: BLE001 - any failure: the next layout
+        return False
+    return True
+
+
+def _takes_labels(model: torch.nn.Module) -> bool:
+    """Whether the forward names `labels` (a head with a loss names it; an inference-only head,
+    such as DeiT's with a teacher, takes only `**kwargs` besides its inputs)."""
+    return "labels" in inspect.signature(model.forward).parameters
 
 
 def ctc_loss(model: torch.nn.Module, labels: torch.Tensor, **inputs) -> torch.Tensor:
@@ -193,100 +154,33 @@ def ctc_loss(model: torch.nn.Module, labels: torch.Tensor, **inputs) -> torch.Te
     return F.ctc_loss(log_probs, labels, input_lengths, target_lengths, blank, zero_infinity=True)
 
 
-def tiny_config(config: Any) -> Any:
-    """`config` made tiny in place (see the module docstring), with its sub-configs (an
-    encoder-decoder's text and vision parts) made tiny the same way."""
-    layers = {k: v for k, v in vars(config).items() if k in _LAYER_COUNTS and isinstance(v, int)}
-    for key, value in list(vars(config).items()):
-        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            tiny_config(value)
-        elif key in TINY_LISTS and isinstance(value, list | tuple) and value:
-            capped = [min(v, TINY_LISTS[key]) if isinstance(v, int) else v for v in value]
-            setattr(config, key, type(value)(capped))
-        elif key in TINY_INTS and isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, min(value, TINY_INTS[key]))
-        elif key in FILL_WHEN_NONE and value is None:
-            setattr(config, key, TINY_INTS[key])
-        elif key in NO_RANDOM_CHOICE and isinstance(value, float):
-            setattr(config, key, 0.0)
-    _per_layer_lists_cut(config, layers)
-    _heads_divide(config)
-    _token_ids_in_vocabulary(config)
-    _padding_and_start_ids(config)
-    return config
-
-
-def _padding_and_start_ids(config: Any) -> None:
-    """A padding id where the config has none (a decoder's sequence classification finds each
-    row's last token by it), and an encoder-decoder's decoder starting from it where the config
-    names no start id (T5's convention)."""
-    if hasattr(config, "pad_token_id") and config.pad_token_id is None:
-        config.pad_token_id = 0
-    encoder_decoder = getattr(config, "is_encoder_decoder", False)
-    if encoder_decoder and getattr(config, "decoder_start_token_id", None) is None:
-        config.decoder_start_token_id = getattr(config, "pad_token_id", 0) or 0
-
-
-_LAYER_COUNTS = tuple(k for k, v in TINY_INTS.items() if v == 2 and "layer" in k)
-
-
-def _per_layer_lists_cut(config: Any, before: Mapping[str, int]) -> None:
-    """A list with one entry per layer (`layer_types`, per-layer sliding windows) cut to the
-    new number of layers, recognized by its length (the old number). Every kind of layer it
-    names is kept (a hybrid model's attention layers and linear-attention layers): the cut list
-    is each kind once, in order of first appearance, then the first entry repeated; where there
-    are more kinds than layers, the model gets one layer per kind."""
-    for key, old in before.items():
-        new = getattr(config, key)
-        for name, value in list(vars(config).items()):
-            if new < old and isinstance(value, list | tuple) and len(value) == old:
-                kinds = list(dict.fromkeys(v for v in value if isinstance(v, str)))
-                new = max(new, len(kinds))
-                cut = kinds + [value[0]] * (new - len(kinds)) if kinds else list(value[:new])
-                setattr(config, name, type(value)(cut))
-                setattr(config, key, new)
-
-
-def _heads_divide(config: Any) -> None:
-    """Heads that divide the hidden size, and key/value heads that divide the heads."""
-    hidden = getattr(config, "hidden_size", None)
-    heads = getattr(config, "num_attention_heads", None)
-    if isinstance(hidden, int) and isinstance(heads, int) and heads and hidden % heads:
-        config.num_attention_heads = 1
-    heads = getattr(config, "num_attention_heads", None)
-    kv = getattr(config, "num_key_value_heads", None)
-    if isinstance(heads, int) and isinstance(kv, int) and kv and heads % kv:
-        config.num_key_value_heads = heads
-
-
-def _token_ids_in_vocabulary(config: Any) -> None:
-    vocab = getattr(config, "vocab_size", None)
-    if not isinstance(vocab, int):
-        return
-    for key, value in list(vars(config).items()):
-        if key.endswith("token_id") and isinstance(value, int) and value >= vocab:
-            setattr(config, key, value % vocab)
-
-
 def _ids(generator: torch.Generator, high: int, *shape: int) -> torch.Tensor:
     return torch.randint(0, max(high, 1), shape, generator=generator)
 
 
 def task_batch(
-    task: str, model: torch.nn.Module, config: Any, dtype: torch.dtype, gen: torch.Generator
+    task: str,
+    model: torch.nn.Module,
+    config: Any,
+    inputs: dict[str, torch.Tensor],
+    gen: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """The keyword batch a head of `task` trains on, with `labels=` so it returns `.loss`."""
+    """The keyword batch a head of `task` trains on, with `labels=` so it returns `.loss`:
+    the main `inputs`, and what the task adds to them."""
     vocab = getattr(config, "vocab_size", None) or 2
     labels = getattr(config, "num_labels", 2)
-    inputs = _main_input(model, config, dtype, gen)
     if task in ("CAUSAL_LM", "MASKED_LM"):
         return {**inputs, "labels": _ids(gen, vocab, BATCH, LENGTH)}
     if task in ("SEQ_TO_SEQ_CAUSAL_LM", "SPEECH_SEQ_2_SEQ"):
         # ids from 1: 0 is often the padding id, which the decoder's masks treat apart; the
         # decoder's inputs are given, as a config need not name the id that starts them
+        # a decoder-only model of these mappings (a multimodal LM given text only) predicts
+        # its own input, so its labels are as long as the input
+        takes = "decoder_input_ids" in inspect.signature(model.forward).parameters
+        if not takes and "input_ids" in inputs:
+            return {**inputs, "labels": _ids(gen, vocab, BATCH, LENGTH)}
         target = 1 + _ids(gen, vocab - 1, BATCH, TARGET_LENGTH)
         decoder = {"decoder_input_ids": 1 + _ids(gen, vocab - 1, BATCH, TARGET_LENGTH)}
-        takes = "decoder_input_ids" in inspect.signature(model.forward).parameters
         return {**inputs, **(decoder if takes else {}), "labels": target}
     if task == "TOKEN_CLASSIFICATION":
         return {**inputs, "labels": _ids(gen, labels, BATCH, LENGTH)}
@@ -298,25 +192,66 @@ def task_batch(
 
 
 def _main_input(
-    model: torch.nn.Module, config: Any, dtype: torch.dtype, gen: torch.Generator
+    model: torch.nn.Module,
+    config: Any,
+    shape: tuple[int, ...] | None,
+    dtype: torch.dtype,
+    gen: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """The model's main input (`model.main_input_name`) at the sweep's sizes."""
+    """The model's main input (`model.main_input_name`) of `shape` (None: token ids)."""
     name = getattr(model, "main_input_name", "input_ids")
-    if name == "pixel_values":
-        channels = getattr(config, "num_channels", 3)
-        side = getattr(config, "image_size", IMAGE)
-        side = side if isinstance(side, int) else IMAGE
-        shape = (BATCH, channels, side, side)
-    elif name == "input_values":
-        shape = (BATCH, AUDIO_SAMPLES)
-    elif name == "input_features":
-        frames = 2 * getattr(config, "max_source_positions", LENGTH)
-        shape = (BATCH, getattr(config, "num_mel_bins", 16), frames)
-    else:  # token ids, each row ending as a sentence does, with the end-of-sequence id
-        vocab = getattr(config, "vocab_size", None) or 2
-        ids = _ids(gen, vocab, BATCH, LENGTH)
-        eos = getattr(config, "eos_token_id", None)
-        if isinstance(eos, int) and 0 <= eos < vocab:
-            ids[:, -1] = eos
-        return {name: ids}
+    if shape is None:
+        return {name: _token_ids(config, gen)}
     return {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
+
+
+def _main_input_shapes(model: torch.nn.Module, config: Any) -> list[tuple[int, ...] | None]:
+    """The shapes the main input may take, at the sweep's sizes: None for token ids; audio
+    features in either layout a library uses ([batch, mel bins, frames] as Whisper's, [batch,
+    frames, mel bins] as the conformers'; raw samples, or frames of mel bins as the audio
+    spectrogram transformers'), of which the first the step runs on is taken."""
+    name = getattr(model, "main_input_name", "input_ids")
+    if name not in ("pixel_values", "input_values", "input_features"):
+        return [None]
+    return list(_feature_shapes(name, config))
+
+
+def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
+    """The shapes a main input of floats may take, most common first."""
+    mel = next(
+        (v for k in MEL_BINS if isinstance(v := getattr(config, k, None), int) and v > 1), None
+    )
+    if name == "pixel_values":
+        side = getattr(config, "image_size", IMAGE)
+        height, width = (side, side) if isinstance(side, int) else tuple(side)[:2] or (IMAGE, IMAGE)
+        return [(BATCH, getattr(config, "num_channels", 3), height, width)]
+    if name == "input_values":
+        frames = getattr(config, "max_length", None)
+        spectrogram = (
+            [(BATCH, frames, mel)] if isinstance(mel, int) and isinstance(frames, int) else []
+        )
+        return [(BATCH, AUDIO_SAMPLES), (BATCH, 1, AUDIO_SAMPLES), *spectrogram]
+    frames = 2 * getattr(config, "max_source_positions", LENGTH)
+    mel = mel if isinstance(mel, int) else 16
+    return [(BATCH, mel, frames), (BATCH, frames, mel)]
+
+
+def runs_eagerly(model: torch.nn.Module, inputs: dict[str, Any]) -> bool:
+    """Whether `model(**inputs)` runs (without gradients): how the sweep tells which of an
+    input's layouts a model takes."""
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception:  # noqa: BLE001 - any failure: the next layout
+        return False
+    return True
+
+
+def _token_ids(config: Any, gen: torch.Generator) -> torch.Tensor:
+    """Token ids, each row ending as a sentence does, with the end-of-sequence id."""
+    vocab = getattr(config, "vocab_size", None) or 2
+    ids = _ids(gen, vocab, BATCH, LENGTH)
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int) and 0 <= eos < vocab:
+        ids[:, -1] = eos
+    return ids

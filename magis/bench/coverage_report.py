@@ -37,8 +37,18 @@ class CoverageReport:
     def count(self, outcome: str) -> int:
         return sum(bool(getattr(r, outcome)) for r in self.results)
 
+    def counted(self) -> list[Any]:
+        """The results of the architectures counted: all but those `excluded`."""
+        return [r for r in self.results if not getattr(r, "excluded", "")]
+
+    def excluded(self) -> list[tuple[str, Failure]]:
+        """(why, the build's failure) of the architectures counted apart: those that need an
+        optional library not installed here, and heads that compute no loss."""
+        return [(r.excluded, r.failure) for r in self.results if getattr(r, "excluded", "")]
+
     def failures(self) -> list[Failure]:
-        return [r.failure for r in self.results if r.failure is not None]
+        """Where the counted architectures stopped."""
+        return [r.failure for r in self.counted() if r.failure is not None]
 
     def categories(self) -> list[tuple[str, str, int, Failure]]:
         """(stage, category, how many, the first failure) per cause, most frequent first."""
@@ -52,6 +62,11 @@ class CoverageReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "architectures": len(self.results),
+            "counted": len(self.counted()),
+            **{
+                reason.replace(" ", "_"): n
+                for reason, n in Counter(why for why, _ in self.excluded()).items()
+            },
             **{name: self.count(name) for name in COUNTS},
             "time_budget_s": self.time_budget,
             "max_states": self.max_states,
@@ -60,6 +75,7 @@ class CoverageReport:
             "interrupted": self.interrupted,
             "seconds": round(self.seconds, 1),
             "failures": [asdict(f) for f in self.failures()],
+            "excluded": [{"reason": why, **asdict(f)} for why, f in self.excluded()],
             "categories": [
                 {
                     "stage": s,
@@ -85,8 +101,11 @@ def _share(n: int, total: int) -> str:
 
 
 def table_markdown(report: CoverageReport) -> str:
-    """Counts per outcome, then one row per failure category with its first message."""
+    """Counts per outcome (shares of the architectures counted: those not excluded), then one
+    row per failure category with its first message, then the excluded ones by name."""
     total = len(report.results)
+    excluded = report.excluded()
+    base = total - len(excluded)
     budget = f"{report.time_budget:g} s" + (
         f", {report.max_states} states" if report.max_states else ""
     )
@@ -98,11 +117,16 @@ def table_markdown(report: CoverageReport) -> str:
         "| outcome | architectures |",
         "| --- | --- |",
         f"| tried | {total} |",
-        f"| captured and verified (float64; float32 where a kernel refuses it) | {_share(report.count('captured_verified'), total)} |",
-        f"| plan verified | {_share(report.count('plan_verified'), total)} |",
+        *(
+            f"| excluded: {why} | {n} |"
+            for why, n in sorted(Counter(why for why, _ in excluded).items())
+        ),
+        f"| counted | {base} |",
+        f"| captured and verified (float64; float32 where a kernel refuses it) | {_share(report.count('captured_verified'), base)} |",
+        f"| plan verified | {_share(report.count('plan_verified'), base)} |",
         f"| simulated = measured peak (within {report.peak_tolerance:.0%}) | "
-        f"{_share(report.count('peak_equal'), total)} |",
-        f"| memory limit met | {_share(report.count('limit_met'), total)} |",
+        f"{_share(report.count('peak_equal'), base)} |",
+        f"| memory limit met | {_share(report.count('limit_met'), base)} |",
     ]
     categories = report.categories()
     if categories:
@@ -115,6 +139,8 @@ def table_markdown(report: CoverageReport) -> str:
             f"| {s} | {_cell(c)} | {n} | {f.architecture}: {_cell(f.message)} |"
             for s, c, n, f in categories
         ]
+    if excluded:
+        lines += ["", "Excluded: " + ", ".join(f"{f.architecture} ({why})" for why, f in excluded)]
     return "\n".join(lines) + "\n"
 
 

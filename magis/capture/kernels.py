@@ -16,6 +16,17 @@ so nothing changes outside a capture.
   targets and tensor lengths it is data-dependent, and the capture says so.
 - `aten._grouped_mm` (mixture-of-experts layers): torch's fake kernel accepts only bfloat16, as
   its CUDA kernel does, while the CPU kernel also runs float32.
+- the activations' backward ops of `POINTWISE_BACKWARD` (softplus, hardswish, ELU, ...): fake
+  tensors run torch's Python decomposition of them, whose output takes the layout of the
+  forward's input, while the kernels' TensorIterator gives it the layout of the incoming
+  gradient. The shapes agree, the strides do not, and a later `view` the capture recorded as
+  valid (a `reshape` of the gradient) fails when the program runs (Doge's softplus over a
+  transposed gradient). magis's kernel is the TensorIterator's own result for (gradient,
+  input), and the op is entered in `torch._decomp.meta_table` for the block, as FakeTensorMode
+  prefers a decomposition over a registered fake kernel for ops without a meta. The regression
+  losses' backward ops (`LOSS_BACKWARD`: MSE, smooth L1, Huber) likewise: their kernels return a
+  contiguous gradient, the decomposition one laid out as the input (Sana's and HunyuanImage's
+  loss on a permuted prediction).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+from torch._decomp import meta_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 _CTC_ONE_D = (
@@ -85,6 +97,44 @@ def grouped_mm_fake(
     return mat_a.new_empty(size, dtype=out_dtype or mat_a.dtype)
 
 
+def pointwise_backward_fake(grad_output: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The gradient of an activation's input, laid out as the CPU and CUDA kernels lay it out:
+    a TensorIterator over (grad_output, the other tensor), here `aten.add`'s meta over them."""
+    other = next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+    return torch.ops.aten.add.Tensor(grad_output, other)
+
+
+# activations' backward ops whose fake kernel (torch's decomposition) lays out the output
+# unlike their kernels (module docstring); each one's real and fake strides are tested
+POINTWISE_BACKWARD = (
+    "softplus_backward",
+    "hardswish_backward",
+    "elu_backward",
+    "hardsigmoid_backward",
+    "logit_backward",
+    "hardtanh_backward",
+)
+
+
+def loss_backward_fake(
+    grad_output: torch.Tensor, self: torch.Tensor, *args, **kwargs
+) -> torch.Tensor:
+    """The gradient of a regression loss's input, contiguous as the kernels allocate it
+    (`zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT)`), whatever the input's layout."""
+    return self.new_empty(self.shape)
+
+
+# regression losses' backward ops whose decomposition lays the gradient out as the input while
+# the kernels make it contiguous (Sana's loss on a permuted prediction); tested as above
+LOSS_BACKWARD = ("mse_loss_backward", "smooth_l1_loss_backward", "huber_loss_backward")
+
+# ops without a meta kernel whose decomposition lays out the output unlike their kernels: for
+# the capture, FakeTensorMode takes magis's kernel before the decomposition
+LAYOUT_KERNELS: dict[str, Callable] = {
+    **dict.fromkeys(POINTWISE_BACKWARD, pointwise_backward_fake),
+    **dict.fromkeys(LOSS_BACKWARD, loss_backward_fake),
+}
+
 # op overload -> its fake kernel, registered by `capture_kernels`
 CAPTURE_KERNELS: dict[str, Callable] = {
     "aten::_ctc_loss": ctc_loss_fake,
@@ -92,6 +142,7 @@ CAPTURE_KERNELS: dict[str, Callable] = {
     "aten::_ctc_loss_backward": ctc_loss_backward_fake,
     "aten::_ctc_loss_backward.Tensor": ctc_loss_backward_fake,
     "aten::_grouped_mm": grouped_mm_fake,
+    **{f"aten::{name}": kernel for name, kernel in LAYOUT_KERNELS.items()},
 }
 
 
@@ -109,11 +160,19 @@ KERNEL_OPS = frozenset(_overload_name(q) for q in CAPTURE_KERNELS)
 def capture_kernels() -> Iterator[None]:
     """`CAPTURE_KERNELS` registered for the block, and removed after it (module docstring)."""
     lib = torch.library.Library("aten", "FRAGMENT")
+    preferred = {getattr(torch.ops.aten, n).default: k for n, k in LAYOUT_KERNELS.items()}
+    kept = {op: meta_table[op] for op in preferred if op in meta_table}
+    # fake tensors cache an op's output per input signature: forget what torch's kernels gave
+    FakeTensorMode.cache_clear()
     try:
         for name, kernel in CAPTURE_KERNELS.items():
             torch.library.register_fake(name, kernel, lib=lib, allow_override=True)
+        meta_table.update(preferred)  # FakeTensorMode takes these, not the decomposition
         yield
     finally:
+        for op in preferred:
+            meta_table.pop(op, None)
+        meta_table.update(kept)
         lib._destroy()  # torch.library's own teardown of a fragment (what its finalizer calls)
-        # fake tensors cache an op's output per input signature: forget what these kernels gave
+        # and forget what these kernels gave
         FakeTensorMode.cache_clear()

@@ -38,6 +38,10 @@ _INSTALLED = ("site-packages", "dist-packages")
 # stochastic depth): named in the error when the line that read a value mentions one.
 _RANDOM_DEPTH_FIELD = re.compile(r"\b(\w+\.\w*(?:layerdrop|drop_path|drop_prob)\w*)\b")
 _RANDOM_DRAW = re.compile(r"\brand\w*\(|\brandom\(|\buniform_?\(|\bbernoulli")
+# A branch on a config attribute (`if self.config.problem_type is None:`): the library's own
+# switch between paths, named in a value-read error as the setting that may avoid it.
+_CONFIG_BRANCH = re.compile(r"^(?:el)?if\b")
+_CONFIG_FIELD = re.compile(r"\b((?:self\.)?config\.\w+)")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,15 @@ class SourceLine:
             if found:
                 return found.group(1)
         return None
+
+    def branch_fields(self, most: int = 2) -> list[str]:
+        """The config attributes that the branches above this line in its function test,
+        nearest first: the settings that choose the path it is on."""
+        found: list[str] = []
+        for line in reversed(self.before):
+            if _CONFIG_BRANCH.match(line):
+                found += [f for f in _CONFIG_FIELD.findall(line) if f not in found]
+        return found[:most]
 
 
 def display_path(path: Path) -> str:
@@ -215,10 +228,17 @@ def capture_failure(exc: BaseException, logged: Sequence[str] = ()) -> CaptureEr
                 f"(training-only random control flow, data-dependent: LayerDrop or stochastic "
                 f"depth); set the probability it reads (`{field}`) to 0 in the model's config"
             )
+        fields = site.branch_fields() if site is not None else []
+        switch = (
+            f"; the path it is on is chosen by {', '.join(f'`{f}`' for f in fields)}: a "
+            "setting of it may take a static-shape path"
+            if fields
+            else ""
+        )
         return ValueReadError(
             f"cannot capture a static graph: the step reads a tensor's value in Python{at} "
             "(.item(), bool(tensor) or data-dependent control flow); make it tensor "
-            "arithmetic or move it out of the step"
+            f"arithmetic or move it out of the step{switch}"
         )
     lines = str(exc).strip().splitlines()
     first = lines[0] if lines else ""

@@ -259,7 +259,8 @@ def bench_coverage_cmd(
         typer.Option(
             "--only",
             metavar="PATTERN",
-            help="Comma-separated class-name patterns (fnmatch: '*ForCTC,UNet2D*').",
+            help="Comma-separated class-name patterns (fnmatch: '*ForCTC,UNet2D*'); "
+            "@FILE.json: those that failed in that sweep's JSON.",
         ),
     ] = None,
     limit: Annotated[

@@ -104,3 +104,92 @@ def test_the_isolated_runner_survives_a_hang_and_a_crash():
     crashed = list(IsolatedRunner(jobs=1, timeout_s=30.0).run([3], os._exit))
     assert isinstance(crashed[0].result, CellFailure)
     assert "exit code 3" in crashed[0].result.reason
+
+
+def test_tiny_configs_keep_the_relations_between_fields():
+    """The 2026-11-28 sweep's build failures, by cause: each relation a config holds between
+    its fields survives the caps (built through the config's own constructor)."""
+    from transformers import (
+        DeepseekV3Config,
+        Gemma3nTextConfig,
+        Mamba2Config,
+        Mistral4Config,
+        ReformerConfig,
+        SwinConfig,
+    )
+
+    mla = tiny_config(DeepseekV3Config())  # latent attention: as many kv heads as heads
+    assert mla.num_key_value_heads == mla.num_attention_heads == 4
+    assert mla.qk_head_dim == mla.qk_nope_head_dim + mla.qk_rope_head_dim  # derived again
+    experts, groups = mla.n_routed_experts, mla.n_group
+    assert experts % groups == 0 and experts // groups >= 2 and mla.topk_group <= groups
+    assert mla.use_cache is False
+    mistral = tiny_config(Mistral4Config())
+    assert mistral.head_dim == mistral.qk_nope_head_dim + mistral.qk_rope_head_dim
+    gemma = tiny_config(Gemma3nTextConfig())  # KV-sharing layers fit in the tiny depth
+    assert gemma.num_kv_shared_layers < gemma.num_hidden_layers == len(gemma.layer_types)
+    assert set(gemma.layer_types) == set(Gemma3nTextConfig().layer_types)
+    swin = tiny_config(SwinConfig())  # the window fits the last stage's feature map
+    assert swin.window_size <= swin.image_size // swin.patch_size // 2 ** (len(swin.depths) - 1)
+    ssm = tiny_config(Mamba2Config())  # heads span expand x hidden, groups divide heads
+    assert ssm.num_heads * ssm.head_dim == ssm.expand * ssm.hidden_size
+    assert ssm.num_heads % ssm.n_groups == 0
+    reformer = tiny_config(ReformerConfig())
+    assert sum(reformer.axial_pos_embds_dim) == reformer.hidden_size == 64
+
+
+@pytest.mark.parametrize("name", ["WhisperForConditionalGeneration", "LasrForCTC"])
+def test_audio_features_are_given_in_the_layout_the_model_takes(name):
+    """Whisper takes [batch, mel bins, frames], the conformers [batch, frames, mel bins]."""
+    import torch
+
+    from magis.bench.coverage import build_case
+
+    arch = next(a for a in all_architectures() if a.name == name)
+    case = build_case(arch, torch.float64)
+    features = case.batch["input_features"]
+    mel_first = features.shape[1] == 16
+    assert mel_first == (name == "WhisperForConditionalGeneration"), features.shape
+    with torch.no_grad():
+        loss = (
+            case.loss_fn(case.model, **case.batch)
+            if case.loss_fn
+            else case.model(**case.batch).loss
+        )
+    assert torch.isfinite(loss)
+
+
+def test_excluded_architectures_are_counted_apart():
+    """A model that needs a library not installed here, or whose head has no loss, is listed
+    apart: the shares are of the architectures counted."""
+    from magis.bench.coverage import NOT_INSTALLABLE, ArchResult
+    from magis.bench.coverage_report import CoverageReport, Failure, table_markdown
+
+    ok = ArchResult("transformers:A", "CAUSAL_LM", captured_verified=True, plan_verified=True)
+    failed = ArchResult("transformers:B", "CAUSAL_LM")
+    failed.failure = Failure("transformers:B", "capture", "ValueReadError", "reads a value")
+    missing = ArchResult("transformers:C", "CAUSAL_LM", excluded=NOT_INSTALLABLE)
+    missing.failure = Failure("transformers:C", "build", "ImportError", "requires the natten")
+    report = CoverageReport(1.0, None, 0.5, 0.05, [ok, failed, missing])
+    data = report.to_json()
+    assert data["architectures"] == 3 and data["counted"] == 2
+    assert data["not_installable_here"] == 1 and data["captured_verified"] == 1
+    assert [f["architecture"] for f in data["failures"]] == ["transformers:B"]
+    assert data["excluded"][0]["architecture"] == "transformers:C"
+    table = table_markdown(report)
+    assert "| excluded: not installable here | 1 |" in table
+    assert "| plan verified | 1 (50%) |" in table
+
+
+def test_only_a_sweeps_json_reruns_its_failures(tmp_path):
+    from magis.bench.coverage import CoverageInputError, select
+
+    path = tmp_path / "coverage.json"
+    path.write_text(json.dumps({"failures": [{"architecture": "transformers:BertForMaskedLM"}]}))
+    chosen = select(CoverageOptions(only=(f"@{path}", "UNet2DModel")), all_architectures())
+    assert sorted(a.label for a in chosen) == [
+        "diffusers:UNet2DModel",
+        "transformers:BertForMaskedLM",
+    ]
+    with pytest.raises(CoverageInputError, match="no coverage JSON"):
+        select(CoverageOptions(only=(f"@{tmp_path / 'missing.json'}",)), all_architectures())

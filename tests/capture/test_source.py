@@ -53,6 +53,23 @@ class LayerDrop(nn.Module):
         return x.sum()
 
 
+class ChoosesByConfig(nn.Module):
+    """DeBERTa's classification loss, reduced: with `config.problem_type` unset the head picks
+    the labelled rows by value (`nonzero`); set, it takes the static cross-entropy path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.config = type("Config", (), {"problem_type": None})()
+
+    def forward(self, x, labels):
+        logits = self.lin(x)
+        if self.config.problem_type is None:
+            index = (labels >= 0).nonzero()
+            logits, labels = logits[index[:, 0]], labels[index[:, 0]]
+        return nn.functional.cross_entropy(logits, labels)
+
+
 def _line_of(cls: type, text: str) -> str:
     """`file:N` of the line of `cls`'s source that contains `text`."""
     lines, first = inspect.getsourcelines(cls)
@@ -113,3 +130,15 @@ def test_the_innermost_frame_outside_torch_and_magis_is_the_site():
         site = failure_site(exc)
     assert site is not None and site.code.startswith("torch.ones(2) @ torch.ones(3)")
     assert isinstance(ValueReadError("x"), CaptureError)
+
+
+def test_a_value_read_on_a_path_a_config_chooses_names_the_config_field():
+    model, batch = ChoosesByConfig(), (torch.randn(4, 4), torch.tensor([0, 2, 1, 0]))
+    with pytest.raises(ValueReadError) as caught:
+        training_step(model, batch)
+    message = str(caught.value)
+    text = "index = (labels >= 0).nonzero()"
+    assert f"{_line_of(ChoosesByConfig, text)} `{text}`" in message, message
+    assert "the path it is on is chosen by `self.config.problem_type`" in message
+    model.config.problem_type = "single_label_classification"
+    assert training_step(model, batch).graph.ops()
