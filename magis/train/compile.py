@@ -111,11 +111,6 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     """
     if compiler not in COMPILERS:
         raise CompileError(f"unknown compiler={compiler!r}; choose one of {', '.join(COMPILERS)}")
-    if measure and compiler == "inductor":  # its kernels allocate outside the dispatcher
-        raise CompileError(
-            "measure=True counts the memory of ops dispatched one by one, and Inductor's "
-            "kernels allocate outside the dispatcher: measure with compiler='python'"
-        )
     _check_limits(mem_limit, lat_limit, plan)
     group = _parallel_of(parallel, process_group, bucket_bytes)
     prepared = prepare_step(
