@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +57,7 @@ from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
 from magis.rules import OFFLOAD_STATE, RESTORE_STATE, Rule, rules_in_search_order
+from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer, OptimizerError
 from magis.train.step import COMPILERS, BatchError, BatchSpec, TrainStep
 
@@ -93,6 +94,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     link: str = "nvlink",
     compiler: str = "python",
+    rules: Sequence[Rule] | None = None,
 ) -> TrainStep:
     """A `TrainStep` training `model` with `optimizer`: `loss = train_step(*batch, **kwargs)`.
 
@@ -108,6 +110,8 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     (default: the world) in all-reduces of `bucket_bytes`, priced over `link`
     (`magis.cost.links`); rank 0 plans, every rank runs its plan. `compiler="inductor"` runs
     the plan compiled by Inductor, its memory decisions kept (`magis.backend.fx_export`).
+    `rules` are the search's rewrite rules (default `rules_keeping_state()`; on a CPU, where
+    a Store's host copy is in the same memory, `rules_without_host_copies()` saves more).
     """
     if compiler not in COMPILERS:
         raise CompileError(f"unknown compiler={compiler!r}; choose one of {', '.join(COMPILERS)}")
@@ -124,8 +128,9 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     )
     if group is None:
         chosen = _plan_for(
-            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
-        )
+            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device,
+            rules,
+        )  # fmt: skip
         return prepared.train_step(chosen, measure, cuda_graph, compiler)
     from magis.train.distributed import check_same_plan, shared_plan
 
@@ -137,8 +142,9 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
 
     def find() -> Plan:
         return _plan_for(
-            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
-        )
+            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device,
+            rules,
+        )  # fmt: skip
 
     pg = process_group if process_group is not None else _world()
     chosen = find() if plan is not None else shared_plan(find, pg)
@@ -381,7 +387,16 @@ def rules_keeping_state() -> tuple[Rule, ...]:
     return tuple(r for r in rules_in_search_order() if r.name not in offloading)
 
 
-def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -> Plan:
+def rules_without_host_copies() -> tuple[Rule, ...]:
+    """The search's rules but those that put tensors in host memory: swapping (and its trade
+    for a recomputation) and optimizer-state offloading. For a CPU, whose host memory is the
+    memory measured, and for `magis.torch_backend` (a Store in the forward and its Load in the
+    backward would pass a host copy between two programs)."""
+    host = {r.name for r in (SWAP, DESWAP, REMAT_TO_SWAP, OFFLOAD_STATE, RESTORE_STATE)}
+    return tuple(r for r in rules_in_search_order() if r.name not in host)
+
+
+def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device, rules=None) -> Plan:
     if plan is not None:
         chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
         check_plan_fits(chosen, step)
@@ -392,7 +407,7 @@ def _plan_for(step, plan, mem_limit, lat_limit, time_budget, hardware, device) -
         lat_limit=lat_limit,
         time_budget=time_budget,
         hardware=hardware if hardware is not None else device.type,
-        rules=rules_keeping_state(),
+        rules=rules if rules is not None else rules_keeping_state(),
     )
     if not found.summary.satisfied:  # the step still trains exactly; the user should know
         s = found.summary

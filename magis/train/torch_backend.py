@@ -33,19 +33,12 @@ from magis.commands.limits import read_search_limit
 from magis.commands.optimize import find_plan, setup_search
 from magis.cost import CostModel
 from magis.plan import Plan
-from magis.rules import OFFLOAD_STATE, RESTORE_STATE, Rule, rules_in_search_order
-from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
 from magis.search import SearchOptions
+from magis.train.compile import rules_without_host_copies
 
 # A backend's search runs when Dynamo first meets each graph: seconds, not magis.compile's
 # minute (`magis.train.compile.COMPILE_TIME_BUDGET_S`), since a model may break into several.
 BACKEND_TIME_BUDGET_S = 20.0
-
-
-def rules_without_host_copies() -> tuple[Rule, ...]:
-    """The search's rules but those that put tensors in host memory (see the module docstring)."""
-    host = {r.name for r in (SWAP, DESWAP, REMAT_TO_SWAP, OFFLOAD_STATE, RESTORE_STATE)}
-    return tuple(r for r in rules_in_search_order() if r.name not in host)
 
 
 def search_options(time_budget: float) -> SearchOptions:

@@ -90,8 +90,8 @@ def test_a_zoo_workload_trains_as_eager_through_the_backend(float64):
     backend = magis.torch_backend(mem_limit=0.5, **SEARCH)
     loss_err, (err, where), _ = train_through_backend(model, batch, loss_fn, backend)
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
+    # a 2 s search on unet:tiny re-orders (its plans recompute nothing, unlike the MLP's)
     assert backend.plans and all(p.summary.memory_ratio < 1.0 for p in backend.plans)
-    assert any(s.recomputed for s in backend.partitions)
 
 
 @pytest.mark.parametrize(
