@@ -10,8 +10,8 @@ falls on all of them alike:
 * torch.compile with `torch._functorch.config.activation_memory_budget` found by bisection: the
   largest budget tried whose measured peak is at most magis (Inductor)'s. The peak is not
   monotonic in the budget (pytorch/pytorch#197838), so the bisection finds a budget that
-  reaches that peak, not always the largest; when budget 0 does not reach it, the row is
-  budget 0's and says so;
+  reaches that peak, not always the largest; when no budget tried reaches it, the row is the
+  budget with the lowest peak and says so (on unet:small budget 0 measured above budget 1);
 * magis (python): `magis.compile(..., mem_limit=M)`, its plan run as generated Python; searched
   without host copies (`rules_without_host_copies`: on a CPU a Store's copy stays in the memory
   measured, so swapping saves nothing there);
