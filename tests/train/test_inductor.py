@@ -18,6 +18,7 @@ from magis.backend.memory import allocated_peak_bytes, storage_bytes
 from magis.capture.workloads import get_workload
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.train import CompileError, compile
+from magis.train.compile import rules_without_host_copies
 
 SEARCH = {"time_budget": 2.0, "hardware": "rtx3090"}
 ADAMW = {"lr": 1e-2, "weight_decay": 0.1}
@@ -123,9 +124,11 @@ def test_an_unknown_compiler_is_one_line(float64):
 def test_an_op_inductor_cannot_compile_is_one_line_naming_it(float64, monkeypatch):
     model, batch = mlp()
     opt = torch.optim.AdamW(model.parameters())
+    # no Store/Load: without implicit fallbacks Inductor refuses magis's custom ops too
     step = compile(
-        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.9, compiler="inductor", **SEARCH
-    )
+        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.9, compiler="inductor",
+        rules=rules_without_host_copies(), **SEARCH,
+    )  # fmt: skip
     # Inductor without implicit fallbacks refuses an op it has no lowering for (here, mm's).
     monkeypatch.setitem(fx_export.INDUCTOR_CONFIG, "implicit_fallbacks", False)
     from torch._inductor import lowering
