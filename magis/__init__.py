@@ -20,18 +20,21 @@ __all__ = [
     "capture",
     "compile",
     "optimize",
+    "torch_backend",
     "training_step",
 ]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """`optimize`, `compile` and `TrainStep` import the search on first use (PEP 562), so that
+    """`optimize`, `compile`, `torch_backend` and `TrainStep` import the search on first use (PEP 562), so that
     `import magis.plan` (loading a plan, `magis explain`) or a capture does not load it."""
     if name == "optimize":
         from magis.commands.optimize import optimize as value
     elif name == "compile":
         from magis.train import compile as value
+    elif name == "torch_backend":
+        from magis.train.torch_backend import torch_backend as value
     elif name == "TrainStep":
         from magis.train import TrainStep as value
     else:

@@ -41,6 +41,8 @@ class Program:
     # Loads and written back by a Store (offloaded optimizer state, `magis.rules.offload`;
     # the simulator's `Tables.host_resident`): a caller keeps them on the host.
     host_inputs: frozenset[int] = frozenset()
+    # Operators whose outputs are host copies (none here: `store` is a plain call).
+    host_ops: frozenset = frozenset()
 
     def __call__(self, *inputs: torch.Tensor) -> tuple:
         self.host_pool.begin_call()

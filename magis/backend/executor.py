@@ -58,10 +58,11 @@ def placed_inputs(program: Program, inputs: Sequence[torch.Tensor]) -> list[torc
 
 def tracker_for(program: Program, inputs: Sequence[torch.Tensor]) -> LiveBytesTracker:
     """The live-bytes tracker of one run: every input resident on the device but those the
-    program keeps on the host, which the simulator counts there (`Tables.host_resident`)."""
+    program keeps on the host, which the simulator counts there (`Tables.host_resident`).
+    `program` is a `Program` or an `InductorProgram` (`magis.backend.inductor`)."""
     device = [t for i, t in enumerate(inputs) if i not in program.host_inputs]
     host = [t for i, t in enumerate(inputs) if i in program.host_inputs]
-    return LiveBytesTracker(device, host)
+    return LiveBytesTracker(device, host, program.host_ops)
 
 
 # Below this magnitude a tensor is compared absolutely: values that are zero in exact arithmetic

@@ -21,6 +21,12 @@ segment. Why segments, and why these configuration switches:
   fusing (a pointwise chain becomes one kernel and its intermediates are never allocated, which
   lowers the peak, never raises it). `pattern_matcher` is off so that the ops run are the plan's
   ops, and `fallback_random` is on so that a random op draws eager's numbers (eager's kernel).
+- **One layout per value.** `layout_optimization` is off. On (Inductor's default; on a CPU
+  with mkldnn, `GraphLowering.decide_layout_opt` always picks channels-last for convolutions),
+  a ReLU output that a convolution reads in the forward and its backward reads again is
+  written twice by the fused kernel, contiguous for the pointwise backward and channels-last
+  for the convolution's, and both copies live from forward to backward: measured through
+  Inductor, unet:tiny at mem_limit 0.5 held 1.057 of the plan's simulated peak.
 - **No AOTAutograd.** `compile_fx_inner` takes the graph as it is: AOTAutograd's joint-graph
   CSE and partitioner, which would re-decide what is saved and recomputed, never run.
 - **In-place stays in place.** A node that writes into an input (a parameter's or optimizer
@@ -36,7 +42,7 @@ An op Inductor cannot compile is a one-line `InductorUnsupportedError` naming th
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +62,7 @@ INDUCTOR_CONFIG = {
     "reorder_for_peak_memory": False,
     "pattern_matcher": False,
     "fallback_random": True,
+    "layout_optimization": False,
 }
 
 
@@ -169,12 +176,20 @@ def _chain_inputs(graph: Graph, ref: Ref, mine: set[int]) -> list[Ref]:
     return extra
 
 
-def segment_module(graph: Graph, seg: Segment, device: torch.device, pool: int) -> fx.GraphModule:
-    """The segment as an FX GraphModule of ATen calls: its inputs as placeholders, in-place
-    writes as `aten.copy_` into the written input, Store/Load as `magis::store` / `load` of
-    host pool number `pool` (`magis.backend.host_ops`), its outputs as a tuple."""
+def segment_module(
+    graph: Graph,
+    seg: Segment,
+    device: torch.device,
+    pool: int,
+    names: Sequence[str] | None = None,
+) -> fx.GraphModule:
+    """The segment as an FX GraphModule of ATen calls: its inputs as placeholders (`names`, or
+    in0, in1, ...), in-place writes as `aten.copy_` into the written input, Store/Load as
+    `magis::store` / `load` of host pool number `pool` (`magis.backend.host_ops`), its outputs
+    as a tuple."""
     g = fx.Graph()
-    env: dict[Ref, fx.Node] = {r: g.placeholder(f"in{i}") for i, r in enumerate(seg.inputs)}
+    names = names if names is not None else [f"in{i}" for i in range(len(seg.inputs))]
+    env: dict[Ref, fx.Node] = {r: g.placeholder(n) for r, n in zip(seg.inputs, names, strict=True)}
 
     def value(ref: Ref) -> fx.Node:
         if ref not in env:  # a view made outside: taken again of its base here
@@ -225,11 +240,21 @@ def _returns_list(overload) -> bool:
     return len(returns) != 1 or isinstance(returns[0].type, torch.ListType)
 
 
+# Measuring: Inductor's generated code allocates its buffers by `empty_strided_cpu`, a direct
+# call outside the dispatcher that a TorchDispatchMode never sees. Inductor's own memory-lifecycle
+# tracking (`test_configs.track_memory_lifecycle`, "log": it logs, never raises) makes every
+# buffer an `aten.empty_strided` call instead, which `LiveBytesTracker` counts. It is set after
+# fusion and buffer reuse are decided (`Scheduler.insert_memory_check_nodes`), so the kernels,
+# their buffers and their reuse are those of the unmeasured compile.
+MEASURED_CONFIG = {"test_configs.track_memory_lifecycle": "log"}
+
+
 def compile_segment(
-    graph: Graph, seg: Segment, inputs: list[torch.Tensor], pool: HostPool
+    graph: Graph, seg: Segment, inputs: list[torch.Tensor], pool: HostPool, measured: bool = False
 ) -> Callable:
     """Inductor's compiled function of `seg` for these example inputs (called with a list,
-    which it empties: an input dies inside the segment at its last use)."""
+    which it empties: an input dies inside the segment at its last use). `measured`: its
+    allocations are dispatched, for `magis.backend.memory.LiveBytesTracker`."""
     from torch._inductor import config  # Inductor loads on the first compile only
     from torch._inductor.compile_fx import compile_fx_inner
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -237,7 +262,7 @@ def compile_segment(
     device = inputs[0].device if inputs else torch.device("cpu")
     gm = segment_module(graph, seg, device, host_ops.pool_number(pool))
     try:
-        with config.patch(INDUCTOR_CONFIG):
+        with config.patch({**INDUCTOR_CONFIG, **(MEASURED_CONFIG if measured else {})}):
             # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
             # job in torch.compile): traced here, without functionalization or CSE.
             # Random ops are kept whole: with `fallback_random` Inductor runs eager's kernel on

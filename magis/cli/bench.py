@@ -368,12 +368,17 @@ def bench_train_cmd(
     compiler: Annotated[
         str, typer.Option("--compiler", help="python (generated code) or inductor.")
     ] = "python",
+    mem_limit: Annotated[
+        float, typer.Option("--mem-limit", help="magis's plan, with --compiler inductor.")
+    ] = 0.5,
+    time_budget: BudgetOpt = 60.0,
     json_path: JsonOpt = None,
 ) -> None:
-    """Median step time of `magis.compile`'s training step with a program-order plan against
-    eager PyTorch's, on the same model and optimizer (issue 15; target ratio <= 1.05)."""
+    """A program-order magis step against eager PyTorch's, median step times (issue 15); with
+    --compiler inductor the five variants of `magis.bench.train_compiled` (issue 43)."""
     from magis.bench.train import OPTIMIZERS, bench_train
     from magis.capture import get_workload, list_workloads
+    from magis.cli.tables import show_train, show_train_compiled
 
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"--optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
@@ -383,16 +388,18 @@ def bench_train_cmd(
     for name in names:
         get_workload(name)  # an unknown name fails before any timing
     with spinner("bench train") as progress:
-        rows = bench_train(
-            names, repeats=repeats, optimizer=optimizer, progress=progress, compiler=compiler
-        )
-    table = Table("workload", "optimizer", "eager s", "magis s", "magis / eager", "capture s")
-    for r in rows:
-        table.add_row(
-            r.workload, r.optimizer, f"{r.eager_s:.4f}", f"{r.magis_s:.4f}", f"{r.ratio:.3f}",
-            f"{r.capture_s:.1f}",
-        )  # fmt: skip
-    console.print(table)
+        if compiler == "inductor":
+            from magis.bench.train_compiled import bench_train_compiled
+
+            results = bench_train_compiled(
+                names, repeats, optimizer, mem_limit, time_budget, progress=progress
+            )
+        else:
+            rows = bench_train(names, repeats=repeats, optimizer=optimizer, progress=progress)
+    if compiler == "inductor":
+        show_train_compiled(results)
+        return write_json(json_path, {"results": [r.to_json() for r in results]})
+    show_train(rows)
     write_json(json_path, {"rows": [r.to_json() for r in rows]})
 
 

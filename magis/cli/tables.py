@@ -178,3 +178,37 @@ def show_compare(rep) -> None:
         for cells in rows:
             table.add_row(*[f"[red]{x}[/red]" if x == "FAILURE" else x for x in cells])
         console.print(table)
+
+
+def show_train(rows) -> None:
+    """`magis bench train`: a program-order magis step against eager PyTorch's."""
+    table = Table("workload", "optimizer", "eager s", "magis s", "magis / eager", "capture s")
+    for r in rows:
+        table.add_row(
+            r.workload, r.optimizer, f"{r.eager_s:.4f}", f"{r.magis_s:.4f}", f"{r.ratio:.3f}",
+            f"{r.capture_s:.1f}",
+        )  # fmt: skip
+    console.print(table)
+
+
+def show_train_compiled(results) -> None:
+    """`magis bench train --compiler inductor`: the five variants per workload."""
+    for res in results:
+        eager = res.rows[0]
+        table = Table(
+            "variant", "step s", "/ eager", "measured peak MiB", "/ eager", "budget", "note",
+            title=(
+                f"{res.workload} ({res.optimizer}, {res.threads} threads, median of "
+                f"{res.steps}; magis mem_limit {res.mem_limit:g}: simulated "
+                f"{res.magis_simulated_peak_bytes / 2**20:.1f} MiB, {res.magis_memory_ratio:.3f}"
+                " of the program order)"
+            ),
+        )  # fmt: skip
+        for r in res.rows:
+            table.add_row(
+                r.variant, f"{r.step_s:.4f}", f"{r.step_s / eager.step_s:.3f}",
+                f"{r.measured_peak_bytes / 2**20:.1f}",
+                f"{r.measured_peak_bytes / eager.measured_peak_bytes:.3f}",
+                "" if r.budget is None else f"{r.budget:g}", r.note,
+            )  # fmt: skip
+        console.print(table)

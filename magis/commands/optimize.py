@@ -34,9 +34,12 @@ from magis.commands.warm_start import WARM_START_SHARE, baseline_warm_starts
 from magis.cost import CostModel
 from magis.cost.links import Interconnect, get_link
 from magis.errors import MagisError, deferred_interrupt
+from magis.ir import Graph
+from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.plan import Plan, PlanSummary, check_plan_graph
 from magis.rules import Rule
 from magis.rules.offload import offloadable_bytes
+from magis.rules.swap import SWAP
 from magis.search import (
     TIME_BUDGET_S,
     Improvement,
@@ -215,6 +218,7 @@ def find_plan(
             if started is not None:  # from here on, optimize_graph stops them
                 started.close()
             raise
+        warm = [w for w in warm if _within_rules(w.graph, options.rules)]
         # the search keeps its share even when a peer overran the warm start's
         left = max(
             time_budget - (time.perf_counter() - start), time_budget * (1 - WARM_START_SHARE)
@@ -231,6 +235,15 @@ def find_plan(
             started,
         )
     return plan_from_search(result, setup, wall_seconds=time.perf_counter() - start)
+
+
+def _within_rules(graph: Graph, rules: Sequence[Rule] | None) -> bool:
+    """A peer's plan is a start only if the search's rules could have made it: one with
+    Store/Load (a swapping peer's) is not when the rules swap nothing (`rules_without_host_copies`:
+    a CPU, whose host copies stay in the memory measured, or `magis.torch_backend`)."""
+    if rules is None or any(r.name == SWAP.name for r in rules):
+        return True
+    return not any(graph.node(n).op in (STORE_OP, LOAD_OP) for n in graph.ops())
 
 
 def plan_from_search(result: SearchResult, setup: SearchSetup, wall_seconds: float) -> Plan:

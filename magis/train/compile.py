@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +60,7 @@ from magis.errors import CaptureError, MagisError, MagisWarning, PlanError
 from magis.ir import Graph
 from magis.plan import Plan
 from magis.rules import OFFLOAD_STATE, RESTORE_STATE, Rule, rules_in_search_order
+from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
 from magis.train.distributed import (
     check_same_plan,
     parallel_of,
@@ -93,6 +94,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     mem_limit: str | float | None = None,
     lat_limit: str | float | None = None,
     time_budget: float = COMPILE_TIME_BUDGET_S,
+    max_states: int | None = None,
     hardware: str | CostModel | None = None,
     plan: str | Path | Plan | None = None,
     clip_grad_norm: float | None = None,
@@ -103,6 +105,7 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     link: str = "nvlink",
     compiler: str = "python",
+    rules: Sequence[Rule] | None = None,
 ) -> TrainStep:
     """A `TrainStep` training `model` with `optimizer`: `loss = train_step(*batch, **kwargs)`.
 
@@ -121,14 +124,13 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     them around each block's forward and backward and reduce-scattering their gradients, as
     FSDP2 does (`magis.capture.sharding`). `compiler="inductor"` runs
     the plan compiled by Inductor, its memory decisions kept (`magis.backend.fx_export`).
+    `max_states` ends the search after that many states too: a search that ends there, before
+    its time budget, gives the same plan on any machine. `rules` are the
+    search's rewrite rules (default `rules_keeping_state()`; on a CPU, where
+    a Store's host copy is in the same memory, `rules_without_host_copies()` saves more).
     """
     if compiler not in COMPILERS:
         raise CompileError(f"unknown compiler={compiler!r}; choose one of {', '.join(COMPILERS)}")
-    if measure and compiler == "inductor":  # its kernels allocate outside the dispatcher
-        raise CompileError(
-            "measure=True counts the memory of ops dispatched one by one, and Inductor's "
-            "kernels allocate outside the dispatcher: measure with compiler='python'"
-        )
     _check_limits(mem_limit, lat_limit, plan)
     _check_model_and_optimizer(model, optimizer)
     group = parallel_of(parallel, process_group, bucket_bytes)
@@ -142,7 +144,15 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
             clip_grad_norm=clip_grad_norm,
         )
         chosen = _plan_for(
-            prepared.step, plan, mem_limit, lat_limit, time_budget, hardware, prepared.device
+            prepared.step,
+            plan,
+            mem_limit,
+            lat_limit,
+            time_budget,
+            hardware,
+            prepared.device,
+            rules=rules,
+            max_states=max_states,
         )
         return prepared.train_step(chosen, measure, cuda_graph, compiler)
     pg = process_group if process_group is not None else world_group()
@@ -174,6 +184,8 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
                 hardware,
                 prepared.device,
                 group,
+                rules=rules,
+                max_states=max_states,
             )
 
         chosen = find() if plan is not None else shared_plan(find, pg)
@@ -406,8 +418,26 @@ def rules_keeping_state() -> tuple[Rule, ...]:
     return tuple(r for r in rules_in_search_order() if r.name not in offloading)
 
 
+def rules_without_host_copies() -> tuple[Rule, ...]:
+    """The search's rules but those that put tensors in host memory: swapping (and its trade
+    for a recomputation) and optimizer-state offloading. For a CPU, whose host memory is the
+    memory measured, and for `magis.torch_backend` (a Store in the forward and its Load in the
+    backward would pass a host copy between two programs)."""
+    host = {r.name for r in (SWAP, DESWAP, REMAT_TO_SWAP, OFFLOAD_STATE, RESTORE_STATE)}
+    return tuple(r for r in rules_in_search_order() if r.name not in host)
+
+
 def _plan_for(
-    step, plan, mem_limit, lat_limit, time_budget, hardware, device, parallel=None
+    step,
+    plan,
+    mem_limit,
+    lat_limit,
+    time_budget,
+    hardware,
+    device,
+    parallel=None,
+    rules=None,
+    max_states=None,
 ) -> Plan:
     if plan is not None:
         chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
@@ -420,8 +450,9 @@ def _plan_for(
         mem_limit=mem_limit,
         lat_limit=lat_limit,
         time_budget=time_budget,
+        max_states=max_states,
         hardware=hardware if hardware is not None else device.type,
-        rules=rules_keeping_state(),
+        rules=rules if rules is not None else rules_keeping_state(),
     )
     if not found.summary.satisfied:  # the step still trains exactly; the user should know
         s = found.summary

@@ -160,7 +160,7 @@ class TrainStep:
         self._scalar_views = [self._scalars[i] for i in range(n_scalars)]
         self._constants = [c.to(self.device) for c in step.program_inputs([])]
         self.compiler = compiler
-        self.program = _program(plan, self.device, compiler)
+        self.program = _program(plan, self.device, compiler, measure)
         # A CUDA graph replays the program (magis.train.cuda_graph): on by default on a GPU;
         # `measure` needs the program's ops dispatched one by one, so it runs without one.
         on_gpu = self.device.type == "cuda"
@@ -193,7 +193,8 @@ class TrainStep:
 
     @property
     def simulated_peak_bytes(self) -> int:
-        """The plan's peak by the simulator: what `last_peak_bytes` measures on a CPU."""
+        """The plan's peak by the simulator: what `last_peak_bytes` measures on a CPU (through
+        Inductor, at most this: fused intermediates are never allocated)."""
         from magis.cost import get_cost_model
         from magis.sim import simulate
 
@@ -273,15 +274,16 @@ class TrainStep:
 COMPILERS = ("python", "inductor")
 
 
-def _program(plan: Plan, device: torch.device, compiler: str):
+def _program(plan: Plan, device: torch.device, compiler: str, measured: bool = False):
     """The plan's program: generated Python (`magis.backend.codegen`) or Inductor-compiled
-    segments (`magis.backend.inductor`, compiled on the first call)."""
+    segments (`magis.backend.inductor`, compiled on the first call; `measured`: with their
+    buffers allocated where the tracker sees them)."""
     if compiler == "python":
         return compile_program(plan.graph, plan.order, device)
     if compiler == "inductor":
         from magis.backend.inductor import InductorProgram
 
-        return InductorProgram(plan.graph, plan.order, device)
+        return InductorProgram(plan.graph, plan.order, device, measured)
     raise BatchError(f"unknown compiler={compiler!r}; choose one of {', '.join(COMPILERS)}")
 
 
