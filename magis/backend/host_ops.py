@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from magis.backend.runtime import HostPool
+from magis.backend.runtime import HostPool, host_strides
 
 POOLS: weakref.WeakValueDictionary[int, HostPool] = weakref.WeakValueDictionary()
 
@@ -35,7 +35,7 @@ def store(x: torch.Tensor, pool: int) -> torch.Tensor:
 
 @store.register_fake
 def _store_fake(x: torch.Tensor, pool: int) -> torch.Tensor:
-    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
+    return torch.empty_strided(x.shape, host_strides(x), dtype=x.dtype, device="cpu")
 
 
 @torch.library.custom_op("magis::load", mutates_args=())

@@ -50,7 +50,7 @@ class HostPool:
         if x.is_cuda:
             return self._store_cuda(x)
         with _disable_current_modes():  # host memory is not the device footprint being measured
-            host = x.detach().clone()
+            host = torch.empty_strided(x.shape, host_strides(x), dtype=x.dtype).copy_(x.detach())
         nbytes = host.untyped_storage().nbytes()
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -114,7 +114,7 @@ class HostPool:
         k, self._next = self._next, self._next + 1
         if k < len(self._pinned):
             host = self._pinned[k]
-            if host.shape == x.shape and host.dtype == x.dtype and host.stride() == x.stride():
+            if host.shape == x.shape and host.dtype == x.dtype and host.stride() == host_strides(x):
                 return host
         with _disable_current_modes():
             host = _pinned_like(x)
@@ -135,9 +135,31 @@ class HostPool:
         self.live_bytes -= nbytes
 
 
+def host_strides(x: torch.Tensor) -> tuple[int, ...]:
+    """The strides of `x`'s host copy: its own when they are dense (a transposed or
+    channels-last tensor: later views depend on them), row-major otherwise (an expanded,
+    overlapping or sliced view). Inductor's fake Store (`magis.backend.host_ops`) must give the
+    same, or a compiled graph asserts on the real one's strides."""
+    if _dense(tuple(x.shape), tuple(x.stride())):
+        return tuple(x.stride())
+    strides, step = [], 1
+    for size in reversed(x.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` and `strides` covers its storage span exactly once (a
+    permutation of row-major strides); dimensions of size one do not matter."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _pinned_like(x: torch.Tensor) -> torch.Tensor:
-    """Pinned host memory for `x` with its strides when they are dense (a transposed or
-    channels-last tensor), row-major otherwise (an expanded or overlapping view)."""
-    if x.is_non_overlapping_and_dense():
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, pin_memory=True)
-    return torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    """Pinned host memory for `x`, laid out by `host_strides`."""
+    return torch.empty_strided(x.shape, host_strides(x), dtype=x.dtype, pin_memory=True)

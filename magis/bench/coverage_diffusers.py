@@ -22,6 +22,21 @@ from magis.bench.coverage_models import BATCH, DIFFUSERS, Architecture, Case, ru
 
 LATENT_SIDE, TEXT_TOKENS, LEVELS = 16, 8, 2
 
+# the config attributes that give a conditioning input's width, in the order they are looked up
+TEXT_WIDTH = (
+    "caption_channels",  # PixArt's and Sana's text width; their cross_attention_dim is inner
+    "cross_attention_dim",
+    "joint_attention_dim",
+    "text_embed_dim",
+    "text_emb_dim",
+    "text_in_dim",
+    "text_hidden_dim",
+    "cap_feat_dim",
+    "context_in_dim",
+    "llm_features_dim",
+    "encoder_hidden_size",
+)
+
 TINY_INIT: Mapping[str, int] = {
     "sample_size": LATENT_SIDE,
     "layers_per_block": 1,
@@ -70,20 +85,10 @@ TINY_INIT: Mapping[str, int] = {
     # the widths of conditioning inputs (text encoders' features, pooled embeddings)
     **dict.fromkeys(
         (
-            "cross_attention_dim",
-            "joint_attention_dim",
-            "caption_channels",
+            *TEXT_WIDTH,
             "caption_projection_dim",
             "pooled_projection_dim",
-            "text_embed_dim",
-            "text_emb_dim",
-            "text_in_dim",
-            "text_hidden_dim",
-            "cap_feat_dim",
-            "context_in_dim",
-            "llm_features_dim",
             "cross_attention_dim_t5",
-            "encoder_hidden_size",
             "cond_embed_dim",
         ),
         32,
@@ -100,20 +105,6 @@ PACKED_POSITIONS = ("img_ids", "txt_ids")
 # per-axis rotary sizes (time, height, width), whose sum is the head size
 ROPE_AXES = ("axes_dims_rope", "axes_dim_rope", "rope_axes_dim", "axes_dims", "axes_dim")
 BLOCK_WIDTHS = (32, 64)
-# the config attributes that give a conditioning input's width, in the order they are looked up
-TEXT_WIDTH = (
-    "caption_channels",  # PixArt's and Sana's text width; their cross_attention_dim is inner
-    "cross_attention_dim",
-    "joint_attention_dim",
-    "text_embed_dim",
-    "text_emb_dim",
-    "text_in_dim",
-    "text_hidden_dim",
-    "cap_feat_dim",
-    "context_in_dim",
-    "llm_features_dim",
-    "encoder_hidden_size",
-)
 
 
 def diffusers_architectures() -> list[Architecture]:

@@ -20,7 +20,7 @@ much of it the compute hides (overlap = (compute + communication - step) / commu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from magis.capture import StepKind, workload_step
 from magis.capture.sharding import PlannedJob
@@ -52,14 +52,7 @@ class RankFigures:
         return min(max(hidden / self.comm_s, 0.0), 1.0)
 
     def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "peak_bytes": self.peak_bytes,
-            "step_s": self.step_s,
-            "compute_s": self.compute_s,
-            "comm_s": self.comm_s,
-            "overlap": self.overlap,
-        }
+        return {**asdict(self), "overlap": self.overlap}
 
 
 def rank_figures(name: str, graph: Graph, order: Sequence[int], cost: CostModel) -> RankFigures:

@@ -116,11 +116,13 @@ def _placed_by_keys(
     for producer, group in after.items():
         for j, s in enumerate(reversed(group)):
             place(s, producer + (j + 1) / (len(group) + 1))
-    start = _compute_starts(order, times, copies)
+    # a Load's users are compute ops or Stores, placed already: their keys stay as they are
+    users_at = {ld: min(key(u) for u in graph.successors(ld)) for ld in loads}
+    start = _compute_starts(order, times, copies) if loads else None  # Stores only: not needed
     stream = math.inf  # when the copy of the Load placed last (the next one in time) starts
-    for ld in sorted(loads, key=lambda n: (-min(key(u) for u in graph.successors(n)), -pos[n])):
+    for ld in sorted(loads, key=lambda n: (-users_at[n], -pos[n])):
         removed.add(pos[ld])
-        at = min(key(u) for u in graph.successors(ld))
+        at = users_at[ld]
         floor = max(key(p) for p in graph.predecessors(ld))
         user_starts = float(start[math.ceil(at)])
         need = cost.op_time(graph, ld) + max(0.0, user_starts - stream)

@@ -134,31 +134,9 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
     _check_limits(mem_limit, lat_limit, plan)
     _check_model_and_optimizer(model, optimizer)
     group = parallel_of(parallel, process_group, bucket_bytes)
-    if group is None:
-        prepared = prepare_step(
-            model,
-            optimizer,
-            example_batch,
-            example_kwargs,
-            loss_fn=loss_fn,
-            clip_grad_norm=clip_grad_norm,
-        )
-        chosen = _plan_for(
-            prepared.step,
-            plan,
-            mem_limit,
-            lat_limit,
-            time_budget,
-            hardware,
-            prepared.device,
-            rules=rules,
-            max_states=max_states,
-        )
-        return prepared.train_step(chosen, measure, cuda_graph, compiler)
-    pg = process_group if process_group is not None else world_group()
-    sharding, full = shard_model(model, optimizer, group, pg, parallel)
-    try:
-        prepared = prepare_step(
+
+    def prepare(sharding=None) -> PreparedStep:
+        return prepare_step(
             model,
             optimizer,
             example_batch,
@@ -168,27 +146,38 @@ def compile(  # noqa: A001 - the name users asked for: magis.compile
             parallel=group,
             sharding=sharding,
         )
+
+    def find(prepared: PreparedStep, hardware) -> Plan:
+        return _plan_for(
+            prepared.step,
+            plan,
+            mem_limit,
+            lat_limit,
+            time_budget,
+            hardware,
+            prepared.device,
+            group,
+            rules=rules,
+            max_states=max_states,
+        )
+
+    if group is None:
+        prepared = prepare()
+        return prepared.train_step(find(prepared, hardware), measure, cuda_graph, compiler)
+    pg = process_group if process_group is not None else world_group()
+    sharding, full = shard_model(model, optimizer, group, pg, parallel)
+    try:
+        prepared = prepare(sharding)
         if hardware is None or isinstance(hardware, str):
             name = hardware if hardware is not None else prepared.device.type
             hardware = get_cost_model(name).with_interconnect(
                 Interconnect(get_link(link), group.world_size)
             )
-
-        def find() -> Plan:
-            return _plan_for(
-                prepared.step,
-                plan,
-                mem_limit,
-                lat_limit,
-                time_budget,
-                hardware,
-                prepared.device,
-                group,
-                rules=rules,
-                max_states=max_states,
-            )
-
-        chosen = find() if plan is not None else shared_plan(find, pg)
+        chosen = (
+            find(prepared, hardware)
+            if plan is not None
+            else shared_plan(lambda: find(prepared, hardware), pg)
+        )
         check_collectives(chosen.graph, group)
         check_plan_fits(chosen, prepared.step)
         check_same_plan(chosen, pg)

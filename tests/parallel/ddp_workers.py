@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ranks import STEPS, batch, error_line, init_gloo, loss_fn
 from torch import nn
 
-STEPS = 5
 BUCKET_BYTES = 512  # several buckets in a tiny model: the packing and splitting are exercised
 
 
@@ -31,28 +31,13 @@ class Net(nn.Module):
         return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
 
 
-def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(x), y)
-
-
-def _init(rank: int, world: int, store: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-
-
-def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(5, 6, generator=gen, dtype=torch.float64)
-    return x, torch.randint(0, 3, (5,), generator=gen)
-
-
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
 
 def train_equal(rank: int, world: int, store: str, out: str, plan: str | None) -> None:
     """Five AdamW steps of magis beside eager DDP; the differences go to out/rank{r}.json."""
-    _init(rank, world, store)
+    init_gloo(rank, world, store)
     result, step = compare_with_ddp(plan)
     if rank == 0 and plan is None:
         step.plan.save(Path(out) / "plan.json")
@@ -78,7 +63,7 @@ def compare_with_ddp(plan: str | None = None) -> tuple[dict, object]:
     step = magis.compile(
         model,
         opt,
-        _batch(rank, 0),
+        batch(rank, 0),
         loss_fn=loss_fn,
         parallel="ddp",
         process_group=dist.group.WORLD,
@@ -88,7 +73,7 @@ def compare_with_ddp(plan: str | None = None) -> tuple[dict, object]:
     )
     losses, ref_losses = [], []
     for i in range(STEPS):
-        x, y = _batch(rank, i)
+        x, y = batch(rank, i)
         losses.append(float(step(x, y).detach()))
         ref_opt.zero_grad()
         loss = loss_fn(ddp, x, y)
@@ -116,7 +101,7 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
     """magis.compile with `plan` on this rank (rank 1 may get another file): the error's line."""
     import magis
 
-    _init(rank, world, store)
+    init_gloo(rank, world, store)
     torch.manual_seed(0)
     model = Net().double()
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
@@ -125,19 +110,17 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
         if os.path.exists(plan.replace(".json", f"{rank}.json"))
         else plan
     )
-    try:
-        magis.compile(
+    line = error_line(
+        lambda: magis.compile(
             model,
             opt,
-            _batch(rank, 0),
+            batch(rank, 0),
             loss_fn=loss_fn,
             parallel="ddp",
             process_group=dist.group.WORLD,
             bucket_bytes=BUCKET_BYTES,
             plan=mine,
         )
-        line = "no error"
-    except magis.MagisError as exc:
-        line = f"{type(exc).__name__}: {exc}"
+    )
     Path(out, f"rank{rank}.txt").write_text(line)
     dist.destroy_process_group()

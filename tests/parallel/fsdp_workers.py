@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ranks import STEPS, batch, error_line, init_gloo, loss_fn
 from torch import nn
-
-STEPS = 5
 
 
 class Block(nn.Module):
@@ -46,21 +45,6 @@ class Net(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.out(h)
-
-
-def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(x), y)
-
-
-def _init(rank: int, world: int, store: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-
-
-def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(5, 6, generator=gen, dtype=torch.float64)
-    return x, torch.randint(0, 3, (5,), generator=gen)
 
 
 def _fsdp2(model: nn.Module, world: int) -> nn.Module:
@@ -94,7 +78,7 @@ def train_equal(
     from magis.capture.sharding import full_tensors
     from magis.train.distributed import plan_hash
 
-    _init(rank, world, store)
+    init_gloo(rank, world, store)
     torch.manual_seed(0)
     model = Net().double()
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -157,14 +141,14 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
     one): the error's line, and whether the model's parameters are back in full after it."""
     import magis
 
-    _init(rank, world, store)
+    init_gloo(rank, world, store)
     torch.manual_seed(0)
     model = Net().double()
     shapes = [p.shape for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
     mine = plan.replace(".json", f"{rank}.json")
-    try:
-        magis.compile(
+    line = error_line(
+        lambda: magis.compile(
             model,
             opt,
             batch(rank, 0),
@@ -173,9 +157,7 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
             process_group=dist.group.WORLD,
             plan=mine if os.path.exists(mine) else plan,
         )
-        line = "no error"
-    except magis.MagisError as exc:
-        line = f"{type(exc).__name__}: {exc}"
+    )
     restored = [p.shape for p in model.parameters()] == shapes
     Path(out, f"rank{rank}.txt").write_text(f"{restored}|{line}")
     dist.destroy_process_group()
@@ -185,11 +167,11 @@ def refusals(rank: int, world: int, store: str, out: str) -> None:
     """What magis.compile(parallel="fsdp") refuses, one line each, to out/refused.txt."""
     import magis
 
-    _init(rank, world, store)
+    init_gloo(rank, world, store)
 
-    def attempt(model: nn.Module, opt, **kwargs) -> str:
-        try:
-            magis.compile(
+    def attempt(model: nn.Module, opt) -> str:
+        return error_line(
+            lambda: magis.compile(
                 model,
                 opt,
                 batch(rank, 0),
@@ -197,11 +179,8 @@ def refusals(rank: int, world: int, store: str, out: str) -> None:
                 parallel="fsdp",
                 mem_limit=0.9,
                 time_budget=1.0,
-                **kwargs,
             )
-            return "no error"
-        except magis.MagisError as exc:
-            return f"{type(exc).__name__}: {exc}"
+        )
 
     model = Net().double()
     stepped = torch.optim.AdamW(model.parameters())

@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_workers  # noqa: E402
+import ranks  # noqa: E402
 
 from magis.backend import generate  # noqa: E402
 from magis.capture.collectives import (  # noqa: E402
@@ -37,7 +38,7 @@ def step():
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     parallel = DataParallel("0", 4, ddp_workers.BUCKET_BYTES)
     return prepare_step(
-        model, opt, ddp_workers._batch(0, 0), loss_fn=ddp_workers.loss_fn, parallel=parallel
+        model, opt, ranks.batch(0, 0), loss_fn=ranks.loss_fn, parallel=parallel
     ).step
 
 

@@ -2,63 +2,49 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_workers  # noqa: E402
+import ranks  # noqa: E402
 
 from magis.plan import Plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
 
 
-def _spawn(fn, world: int, tmp: Path, *args) -> None:
-    mp.spawn(fn, args=(world, str(tmp / "store"), str(tmp), *args), nprocs=world)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """Two ranks, rank 0 searching the plan: each rank's figures in rank{r}.json."""
     tmp = tmp_path_factory.mktemp("ddp")
-    _spawn(ddp_workers.train_equal, 2, tmp, None)
+    ranks.spawn(ddp_workers.train_equal, 2, tmp, None)
     return tmp
 
 
 def test_two_ranks_train_as_eager_ddp(trained):
-    for r in range(2):
-        got = json.loads((trained / f"rank{r}.json").read_text())
+    for r, got in enumerate(ranks.results(trained, 2)):
         assert got["moved"] > 1e-3  # the parameters were trained at all
         for key in ("loss", "params", "exp_avg", "exp_avg_sq"):
             assert got[key] <= 1e-9, (r, key, got[key])
-        assert got["steps"] == [float(ddp_workers.STEPS)]
+        assert got["steps"] == [float(ranks.STEPS)]
         assert got["collectives"] >= 2  # several buckets, each one all-reduce in the program
 
 
 def test_every_rank_runs_rank_0s_plan(trained):
-    hashes = {json.loads((trained / f"rank{r}.json").read_text())["plan_hash"] for r in range(2)}
+    hashes = {got["plan_hash"] for got in ranks.results(trained, 2)}
     assert len(hashes) == 1
-
-
-def _other_order(plan: Plan) -> Plan:
-    """The same plan with its first two inputs swapped in the order: another valid plan."""
-    order = list(plan.order)
-    assert all(plan.graph.node(n).is_placeholder for n in order[:2])
-    order[0], order[1] = order[1], order[0]
-    return Plan(plan.graph, order, plan.summary)
 
 
 def test_a_rank_with_another_plan_stops_every_rank(trained, tmp_path):
     plan = Plan.load(trained / "plan.json")
     plan.save(tmp_path / "p.json")
-    _other_order(plan).save(tmp_path / "p1.json")  # rank 1 loads p1.json
-    _spawn(ddp_workers.compile_error, 2, tmp_path, str(tmp_path / "p.json"))
+    ranks.other_order(plan).save(tmp_path / "p1.json")  # rank 1 loads p1.json
+    ranks.spawn(ddp_workers.compile_error, 2, tmp_path, str(tmp_path / "p.json"))
     for r in range(2):
         line = (tmp_path / f"rank{r}.txt").read_text()
         assert line.startswith("PlanMismatchError: rank(s) 1 hold another plan"), line
@@ -66,7 +52,7 @@ def test_a_rank_with_another_plan_stops_every_rank(trained, tmp_path):
 
 
 def test_a_plan_for_two_ranks_refuses_a_group_of_one(trained, tmp_path):
-    _spawn(ddp_workers.compile_error, 1, tmp_path, str(trained / "plan.json"))
+    ranks.spawn(ddp_workers.compile_error, 1, tmp_path, str(trained / "plan.json"))
     line = (tmp_path / "rank0.txt").read_text()
     assert line == (
         "ParallelError: the plan was made for world size 2 and this process group has 1 "
@@ -83,8 +69,8 @@ def test_ddp_without_a_process_group_is_one_line():
         magis.compile(
             model,
             opt,
-            ddp_workers._batch(0, 0),
-            loss_fn=ddp_workers.loss_fn,
+            ranks.batch(0, 0),
+            loss_fn=ranks.loss_fn,
             parallel="ddp",
             mem_limit=0.5,
         )
@@ -92,8 +78,8 @@ def test_ddp_without_a_process_group_is_one_line():
         magis.compile(
             model,
             opt,
-            ddp_workers._batch(0, 0),
-            loss_fn=ddp_workers.loss_fn,
+            ranks.batch(0, 0),
+            loss_fn=ranks.loss_fn,
             parallel="zero",
             mem_limit=0.5,
         )

@@ -6,35 +6,26 @@ is FSDP2 itself: losses, full parameters and full AdamW state equal to 1e-9 afte
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fsdp_workers  # noqa: E402
+import ranks  # noqa: E402
 
 from magis.plan import Plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
 
 
-def _spawn(fn, world: int, tmp: Path, *args) -> None:
-    mp.spawn(fn, args=(world, str(tmp / "store"), str(tmp), *args), nprocs=world)
-
-
-def _results(tmp: Path, world: int) -> list[dict]:
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """Two ranks, rank 0 searching the plan: each rank's figures in rank{r}.json."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    _spawn(fsdp_workers.train_equal, 2, tmp, None)
+    ranks.spawn(fsdp_workers.train_equal, 2, tmp, None)
     return tmp
 
 
@@ -43,7 +34,7 @@ def _check_equal_to_fsdp2(results: list[dict], world: int) -> None:
         assert got["moved"] > 1e-3  # the parameters were trained at all
         for key in ("loss", "params", "exp_avg", "exp_avg_sq"):
             assert got[key] <= 1e-9, (r, key, got[key])
-        assert got["steps"] == [float(fsdp_workers.STEPS)]
+        assert got["steps"] == [float(ranks.STEPS)]
         # each rank holds ceil(rows / world) rows of each parameter, padded alike on every rank
         assert got["local_shapes"]["out.bias"] == [-(-3 // world)]
         assert got["local_shapes"]["inp.weight"] == [-(-10 // world), 6]
@@ -54,32 +45,24 @@ def _check_equal_to_fsdp2(results: list[dict], world: int) -> None:
 
 
 def test_two_ranks_train_as_fsdp2(trained):
-    _check_equal_to_fsdp2(_results(trained, 2), 2)
+    _check_equal_to_fsdp2(ranks.results(trained, 2), 2)
 
 
 def test_four_ranks_clipping_train_as_fsdp2(tmp_path):
     """Four ranks, with a rank whose piece of out.bias holds padding only, clipping the
     gradients' global norm (an all-reduce of the pieces' squares) as clip_grad_norm_ does on
     FSDP2's DTensors."""
-    _spawn(fsdp_workers.train_equal, 4, tmp_path, None, 0.5, 1.0)  # a 1 s search
-    results = _results(tmp_path, 4)
+    ranks.spawn(fsdp_workers.train_equal, 4, tmp_path, None, 0.5, 1.0)  # a 1 s search
+    results = ranks.results(tmp_path, 4)
     _check_equal_to_fsdp2(results, 4)
     assert results[0]["clipped"] >= 2  # the norm was above 0.5 on most steps: clipping ran
-
-
-def _other_order(plan: Plan) -> Plan:
-    """The same plan with its first two inputs swapped in the order: another valid plan."""
-    order = list(plan.order)
-    assert all(plan.graph.node(n).is_placeholder for n in order[:2])
-    order[0], order[1] = order[1], order[0]
-    return Plan(plan.graph, order, plan.summary)
 
 
 def test_a_rank_with_another_plan_stops_every_rank(trained, tmp_path):
     plan = Plan.load(trained / "plan.json")
     plan.save(tmp_path / "p.json")
-    _other_order(plan).save(tmp_path / "p1.json")  # rank 1 loads p1.json
-    _spawn(fsdp_workers.compile_error, 2, tmp_path, str(tmp_path / "p.json"))
+    ranks.other_order(plan).save(tmp_path / "p1.json")  # rank 1 loads p1.json
+    ranks.spawn(fsdp_workers.compile_error, 2, tmp_path, str(tmp_path / "p.json"))
     for r in range(2):
         restored, line = (tmp_path / f"rank{r}.txt").read_text().split("|")
         assert line.startswith("PlanMismatchError: rank(s) 1 hold another plan"), line
@@ -87,7 +70,7 @@ def test_a_rank_with_another_plan_stops_every_rank(trained, tmp_path):
 
 
 def test_a_plan_for_two_ranks_refuses_a_group_of_one(trained, tmp_path):
-    _spawn(fsdp_workers.compile_error, 1, tmp_path, str(trained / "plan.json"))
+    ranks.spawn(fsdp_workers.compile_error, 1, tmp_path, str(trained / "plan.json"))
     restored, line = (tmp_path / "rank0.txt").read_text().split("|")
     assert line == (
         "ParallelError: the plan was made for world size 2 and this process group has 1 "
@@ -97,7 +80,7 @@ def test_a_plan_for_two_ranks_refuses_a_group_of_one(trained, tmp_path):
 
 
 def test_what_cannot_be_sharded_is_refused_in_one_line(tmp_path):
-    _spawn(fsdp_workers.refusals, 1, tmp_path)
+    ranks.spawn(fsdp_workers.refusals, 1, tmp_path)
     stepped, scalar = (tmp_path / "refused.txt").read_text().split("\n")
     assert stepped.startswith("ParallelError: the optimizer already has state")
     assert scalar == (

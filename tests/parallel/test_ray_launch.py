@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_workers  # noqa: E402
+import ranks  # noqa: E402
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
@@ -31,7 +32,7 @@ def local_ray():
     from ray import cloudpickle
 
     # the test's functions travel by value: Ray's workers do not have tests/ on their path
-    for module in (sys.modules[__name__], ddp_workers):
+    for module in (sys.modules[__name__], ddp_workers, ranks):
         cloudpickle.register_pickle_by_value(module)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield

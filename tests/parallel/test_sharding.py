@@ -11,6 +11,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fsdp_workers  # noqa: E402
+import ranks  # noqa: E402
 
 from magis.capture.collectives import (  # noqa: E402
     DataParallel,
@@ -44,9 +45,9 @@ def step():
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     layout = ShardLayout.of(model, RANKS)
     shard_parameters(model, layout, 3)
-    batch = fsdp_workers.batch(0, 0)
+    batch = ranks.batch(0, 0)
     return prepare_step(
-        model, opt, batch, loss_fn=fsdp_workers.loss_fn, parallel=RANKS, sharding=layout
+        model, opt, batch, loss_fn=ranks.loss_fn, parallel=RANKS, sharding=layout
     ).step
 
 
@@ -160,7 +161,7 @@ def test_checkpointed_blocks_gather_in_the_recomputation_and_hold_less():
         x = torch.randn(64, 6, dtype=torch.float64)
         batch = (x, torch.randint(0, 3, (64,)))
         g = prepare_step(
-            model, opt, batch, loss_fn=fsdp_workers.loss_fn, parallel=RANKS, sharding=layout
+            model, opt, batch, loss_fn=ranks.loss_fn, parallel=RANKS, sharding=layout
         ).step.graph
         counts.append([c.op for c in collective_calls(g)])
         peaks.append(simulate(g, g.program_order(), get_cost_model("unit")).peak_bytes)

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
-from train_helpers import TOL, one_thread, train_both
+from train_helpers import (
+    ADAMW,
+    STATE_SEARCH,
+    TOL,
+    mlp,
+    mlp_loss,
+    one_thread,
+    train_adamw,
+)
 
 import magis.backend.fx_export as fx_export
 from magis.backend.fx_export import InductorUnsupportedError, segments
@@ -19,31 +25,15 @@ from magis.capture.workloads import get_workload
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.train import CompileError, compile, compile_program_order
 
-# Ended by states, not seconds: the plan (and its fixed points) the same on a loaded machine.
-SEARCH = {"time_budget": 120.0, "max_states": 20, "hardware": "rtx3090"}
 # The measured-peak test keeps the plans it was written against (a 2 s search): the 20-state plans
 # of unet:tiny and bert-base:tiny fail it (issue 43: a stride mismatch through Inductor, open).
 TIMED_SEARCH = {"time_budget": 2.0, "hardware": "rtx3090"}
-ADAMW = {"lr": 1e-2, "weight_decay": 0.1}
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     with one_thread():
         yield
-
-
-def mlp() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)
-    )
-    gen = torch.Generator().manual_seed(0)
-    return model, (torch.randn(64, 16, generator=gen), torch.randint(0, 4, (64,), generator=gen))
-
-
-def mlp_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x), y)
 
 
 def fixed_points(step) -> int:
@@ -63,18 +53,10 @@ def fixed_points(step) -> int:
 def train_inductor(model, batch, loss_fn, mem_limit: float):
     def make(m, opt):
         return compile(
-            m, opt, batch, loss_fn=loss_fn, mem_limit=mem_limit, compiler="inductor", **SEARCH
+            m, opt, batch, loss_fn=loss_fn, mem_limit=mem_limit, compiler="inductor", **STATE_SEARCH
         )
 
-    return train_both(
-        model,
-        lambda m: torch.optim.AdamW(m.parameters(), **ADAMW),
-        loss_fn,
-        batch,
-        make,
-        steps=5,
-        clip=None,
-    )
+    return train_adamw(model, batch, loss_fn, make)
 
 
 def test_an_mlp_trains_as_eager_through_inductor(float64):
@@ -103,7 +85,7 @@ def test_no_segment_holds_a_recomputation_with_its_original(float64):
     model, batch = mlp()
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     step = compile(
-        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="inductor", **SEARCH
+        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="inductor", **STATE_SEARCH
     )
     graph, order = step.plan.graph, step.plan.order
     keys = fx_export.value_numbers(graph, order)
@@ -120,7 +102,7 @@ def test_an_unknown_compiler_is_one_line(float64):
     model, batch = mlp()
     opt = torch.optim.AdamW(model.parameters())
     with pytest.raises(CompileError, match="unknown compiler='xla'") as info:
-        compile(model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="xla", **SEARCH)
+        compile(model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="xla", **STATE_SEARCH)
     assert "\n" not in str(info.value)
 
 

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
-from train_helpers import TOL, one_thread, train_both
+from train_helpers import (
+    STATE_SEARCH,
+    TOL,
+    mlp,
+    mlp_loss,
+    one_thread,
+    train_adamw,
+)
 
 import magis
 from magis.backend.fx_export import InductorUnsupportedError
 from magis.errors import LimitError
-
-# Ended by states, not seconds: the same plan on a loaded machine.
-SEARCH = {"time_budget": 120.0, "max_states": 20, "hardware": "rtx3090"}
-ADAMW = {"lr": 1e-2, "weight_decay": 0.1}
 
 
 @pytest.fixture(autouse=True)
@@ -26,15 +27,6 @@ def _fresh_dynamo():
         torch._dynamo.reset()
         yield
         torch._dynamo.reset()
-
-
-def mlp() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)
-    )
-    gen = torch.Generator().manual_seed(0)
-    return model, (torch.randn(64, 16, generator=gen), torch.randint(0, 4, (64,), generator=gen))
 
 
 def train_through_backend(model, batch, loss_fn, backend):
@@ -52,24 +44,12 @@ def train_through_backend(model, batch, loss_fn, backend):
 
         return step
 
-    return train_both(
-        model,
-        lambda m: torch.optim.AdamW(m.parameters(), **ADAMW),
-        loss_fn,
-        batch,
-        make,
-        steps=5,
-        clip=None,
-    )
-
-
-def mlp_loss(model, x, y):
-    return F.cross_entropy(model(x), y)
+    return train_adamw(model, batch, loss_fn, make)
 
 
 def test_an_mlp_trains_as_eager_through_the_backend(float64):
     model, batch = mlp()
-    backend = magis.torch_backend(mem_limit=0.8, **SEARCH)
+    backend = magis.torch_backend(mem_limit=0.8, **STATE_SEARCH)
     loss_err, (err, where), _ = train_through_backend(model, batch, mlp_loss, backend)
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
     (plan,), (split,) = backend.plans, backend.partitions
@@ -92,7 +72,7 @@ def test_an_op_inductor_cannot_compile_is_one_line_naming_it(float64, monkeypatc
     from magis.backend import fx_export
 
     model, (x, y) = mlp()
-    compiled = torch.compile(model, backend=magis.torch_backend(mem_limit=0.9, **SEARCH))
+    compiled = torch.compile(model, backend=magis.torch_backend(mem_limit=0.9, **STATE_SEARCH))
     # Inductor without implicit fallbacks refuses an op it has no lowering for (here, the
     # linear layers' addmm, which the forward compiles first).
     monkeypatch.setitem(fx_export.INDUCTOR_CONFIG, "implicit_fallbacks", False)

@@ -118,3 +118,38 @@ def train_both(
         scale = 1.0 if ref.dtype == torch.float64 else LOSS_TOL_FLOAT32 / TOL
         loss_err = max(loss_err, relative_error(loss, ref) / scale)
     return loss_err, worst_difference(model, opt, eager, eopt), step
+
+
+# The Inductor tests' search and optimizer (test_inductor.py, test_torch_backend.py): ended by
+# states, not seconds, so the plan (and its fixed points) is the same on a loaded machine.
+STATE_SEARCH = {"time_budget": 120.0, "max_states": 20, "hardware": "rtx3090"}
+ADAMW = {"lr": 1e-2, "weight_decay": 0.1}
+
+
+def mlp() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """A five-layer MLP classifier and a batch of 64."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4)
+    )
+    gen = torch.Generator().manual_seed(0)
+    return model, (torch.randn(64, 16, generator=gen), torch.randint(0, 4, (64,), generator=gen))
+
+
+def mlp_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def train_adamw(model, batch: tuple, loss_fn, make: Callable):
+    """`train_both` over five steps of AdamW (`ADAMW`), without clipping."""
+    return train_both(
+        model,
+        lambda m: torch.optim.AdamW(m.parameters(), **ADAMW),
+        loss_fn,
+        batch,
+        make,
+        steps=5,
+        clip=None,
+    )
