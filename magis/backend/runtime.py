@@ -153,7 +153,7 @@ def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether a tensor of `shape` and `strides` covers its storage span exactly once (a
     permutation of row-major strides); dimensions of size one do not matter."""
     expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape) if sz != 1):
+    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz != 1):
         if stride != expected:
             return False
         expected *= size
