@@ -18,8 +18,8 @@ segment. Why segments, and why these configuration switches:
   are exempt: they allocate nothing, merging them costs no memory.
 - **Order inside a segment.** `reorder_for_locality` and `reorder_for_peak_memory` are off:
   Inductor's scheduler then keeps the FX order, which is the plan's, and changes it only by
-  fusing (a pointwise chain becomes one kernel and its intermediates are never allocated, which
-  lowers the peak, never raises it). `pattern_matcher` is off so that the ops run are the plan's
+  fusing (a pointwise chain becomes one kernel and its intermediates are never allocated; see
+  below for the fusions that would raise the peak). `pattern_matcher` is off so that the ops run are the plan's
   ops, and `fallback_random` is on so that a random op draws eager's numbers (eager's kernel).
 - **One layout per value.** `layout_optimization` is off. On (Inductor's default; on a CPU
   with mkldnn, `GraphLowering.decide_layout_opt` always picks channels-last for convolutions),
@@ -29,6 +29,15 @@ segment. Why segments, and why these configuration switches:
   Inductor, unet:tiny at mem_limit 0.5 held 1.057 of the plan's simulated peak.
 - **No AOTAutograd.** `compile_fx_inner` takes the graph as it is: AOTAutograd's joint-graph
   CSE and partitioner, which would re-decide what is saved and recomputed, never run.
+- **No buffer reuse.** `allow_buffer_reuse` is off. On, Inductor's generated code keeps a dead
+  buffer's storage until a later buffer of its size takes it over (its `del` moves from the last
+  reader to the reuse), so storages the plan freed stay held in between; on a CPU a Store's host
+  copy can even become a device buffer. Measured on bert-base:tiny at mem_limit 0.5 (20 searched
+  states): 1.052 of the simulated peak with reuse, 1.001 without. A caching allocator (CUDA)
+  reuses freed blocks anyway.
+- **Fusion that keeps the peak.** Fusing runs several nodes at one place and can lengthen
+  lives: each segment is compiled at the most fusing level that keeps Inductor's estimate of
+  its peak (`magis.backend.inductor_fusion`).
 - **In-place stays in place.** A node that writes into an input (a parameter's or optimizer
   state's update) is `aten.copy_(input, value)` in its segment: Inductor writes the input's
   own storage, as functionalized graphs' input mutations are compiled. A view that a segment
@@ -49,6 +58,12 @@ import torch
 from torch import fx
 
 from magis.backend import host_ops
+from magis.backend.inductor_fusion import (
+    FUSION_LEVELS,
+    FusionCheck,
+    checked_fusion_config,
+    fusion_rules,
+)
 from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
@@ -63,6 +78,7 @@ INDUCTOR_CONFIG = {
     "pattern_matcher": False,
     "fallback_random": True,
     "layout_optimization": False,
+    "allow_buffer_reuse": False,
 }
 
 
@@ -78,6 +94,7 @@ class Segment:
     inputs: list[Ref] = field(default_factory=list)
     outputs: list[Ref] = field(default_factory=list)
     compiled: Callable | None = None
+    fusion_level: str | None = None  # the `inductor_fusion.FUSION_LEVELS` it was compiled at
 
 
 def value_numbers(graph: Graph, order: list[int]) -> dict[int, int]:
@@ -253,7 +270,8 @@ def compile_segment(
     graph: Graph, seg: Segment, inputs: list[torch.Tensor], pool: HostPool, measured: bool = False
 ) -> Callable:
     """Inductor's compiled function of `seg` for these example inputs (called with a list,
-    which it empties: an input dies inside the segment at its last use). `measured`: its
+    which it empties: an input dies inside the segment at its last use), at the most fusing
+    level that keeps the segment's peak (recorded in `seg.fusion_level`). `measured`: its
     allocations are dispatched, for `magis.backend.memory.LiveBytesTracker`."""
     from torch._inductor import config  # Inductor loads on the first compile only
     from torch._inductor.compile_fx import compile_fx_inner
@@ -261,18 +279,29 @@ def compile_segment(
 
     device = inputs[0].device if inputs else torch.device("cpu")
     gm = segment_module(graph, seg, device, host_ops.pool_number(pool))
-    try:
-        with config.patch({**INDUCTOR_CONFIG, **(MEASURED_CONFIG if measured else {})}):
-            # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
-            # job in torch.compile): traced here, without functionalization or CSE.
-            # Random ops are kept whole: with `fallback_random` Inductor runs eager's kernel on
-            # them, so a dropout mask is eager's (decomposed, bernoulli draws other numbers).
-            random = {check_node(graph.node(n), "") for n in seg.nids if graph.info(n).is_random}
-            table = {k: v for k, v in _decompositions().items() if k not in random}
-            traced = make_fx(gm, decomposition_table=table, tracing_mode="fake")
-            return compile_fx_inner(traced(*inputs), inputs)
-    except Exception as exc:  # Inductor's lowering errors have no common public base
-        raise InductorUnsupportedError(_unsupported(graph, seg, exc)) from exc
+    # Random ops are kept whole: with `fallback_random` Inductor runs eager's kernel on them, so
+    # a dropout mask is eager's (decomposed, bernoulli draws other numbers).
+    random = {check_node(graph.node(n), "") for n in seg.nids if graph.info(n).is_random}
+    table = {k: v for k, v in _decompositions().items() if k not in random}
+    base = {**INDUCTOR_CONFIG, **(MEASURED_CONFIG if measured else {})}
+    for level in FUSION_LEVELS:
+        check = FusionCheck()
+        try:
+            with (
+                config.patch({**base, **checked_fusion_config(check, level)}),
+                fusion_rules(level),
+            ):
+                # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
+                # job in torch.compile): traced here, without functionalization or CSE.
+                traced = make_fx(gm, decomposition_table=table, tracing_mode="fake")
+                compiled = compile_fx_inner(traced(*inputs), inputs)
+                seg.fusion_level = level
+                return compiled
+        except Exception as exc:  # Inductor's lowering errors have no common public base
+            if check.raised:
+                continue  # this level's fusion raised the peak: the next fuses less
+            raise InductorUnsupportedError(_unsupported(graph, seg, exc)) from exc
+    raise AssertionError("the last fusion level never raises")  # pragma: no cover
 
 
 def _decompositions() -> dict:

@@ -18,16 +18,14 @@ from train_helpers import (
 )
 
 import magis.backend.fx_export as fx_export
+import magis.backend.inductor_fusion as inductor_fusion
 from magis.backend.fx_export import InductorUnsupportedError, segments
 from magis.backend.inductor import InductorProgram
+from magis.backend.inductor_fusion import FUSION_LEVELS, FusionCheck
 from magis.backend.memory import allocated_peak_bytes, storage_bytes
 from magis.capture.workloads import get_workload
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.train import CompileError, compile, compile_program_order
-
-# The measured-peak test keeps the plans it was written against (a 2 s search): the 20-state plans
-# of unet:tiny and bert-base:tiny fail it (issue 43: a stride mismatch through Inductor, open).
-TIMED_SEARCH = {"time_budget": 2.0, "hardware": "rtx3090"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -78,6 +76,26 @@ def test_a_zoo_workload_trains_as_eager_through_inductor(float64):
 
     loss_err, (err, where), step = train_inductor(model, batch, loss_fn, 0.4)
     assert fixed_points(step) >= 1, "the plan holds no recomputation or Store/Load"
+    assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
+
+
+def test_fusion_may_raise_the_estimated_peak_by_its_tolerance_only():
+    allowed = 1000 * (1 + inductor_fusion.FUSION_TOLERANCE)
+    assert not FusionCheck(before=1000, after=int(allowed)).raised
+    assert FusionCheck(before=1000, after=int(allowed) + 1).raised
+
+
+def test_a_segment_whose_fusion_raises_the_peak_compiles_again_unfused(float64, monkeypatch):
+    # every estimate counts as raised: each fusing level is abandoned, the last never is
+    monkeypatch.setattr(inductor_fusion, "FUSION_TOLERANCE", -1.0)
+    model, batch = mlp()
+
+    def make(m, opt):
+        return compile_program_order(m, opt, batch, loss_fn=mlp_loss, compiler="inductor")
+
+    loss_err, (err, where), step = train_adamw(model, batch, mlp_loss, make)
+    levels = {s.fusion_level for s in step.program.segments}
+    assert levels == {FUSION_LEVELS[-1]}, levels
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
 
 
@@ -139,21 +157,23 @@ def zoo(name: str):
 def test_the_measured_peak_through_inductor_is_at_most_the_simulated_peak(float64, name):
     """`measure=True` through Inductor: its buffers dispatched (`fx_export.MEASURED_CONFIG`)
     and counted by the tracker the Python backend uses. Inductor never holds more than the
-    plan (at most 2% over its simulated peak) and may hold less: a chain of pointwise ops
-    fused into one kernel never allocates its intermediates, and where the simulated peak is
-    such a chain (AdamW's update of the largest weight: its mul, sqrt, div and add
-    temporaries) the measured peak is the plan's next highest point (unet:tiny at 0.5:
-    0.964 of the simulated peak). The measured build runs the same kernels as an ordinary
-    one: the CPU allocator's own peak is within 3% for both."""
+    plan (at most 2% over its simulated peak: 20-state plans at 0.5, bert-base:tiny 1.001,
+    unet:tiny 0.998, whose fusion is held back to keep the peak, `inductor_fusion`) and may
+    hold less: a chain of pointwise ops fused into one kernel never allocates its
+    intermediates, and where the simulated peak is such a chain (AdamW's update of the
+    largest weight: its mul, sqrt, div and add temporaries) the measured peak is the plan's
+    next highest point (unet:tiny, a 5-state plan: 0.962). The measured build runs the same
+    kernels as an ordinary one: the CPU allocator's own peak is within 3% for both."""
     model, batch, loss_fn = zoo(name)
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     step = compile(
         model, opt, batch, loss_fn=loss_fn, mem_limit=0.5, compiler="inductor", measure=True,
-        **TIMED_SEARCH,
+        **STATE_SEARCH,
     )  # fmt: skip
     step(*batch)  # compiles the segments, outside the measurement
     step(*batch)
     measured, simulated = step.last_peak_bytes, step.simulated_peak_bytes
+    assert all(s.fusion_level in FUSION_LEVELS for s in step.program.segments)
     assert FUSED_FLOOR * simulated <= measured <= 1.02 * simulated, (measured, simulated)
 
     plan = step.plan
