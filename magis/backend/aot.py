@@ -65,7 +65,7 @@ def forward_backward(
     from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
     gm = plan_module(graph, order, slots, joint, joint_inputs)
-    cut = cut_at_backward(gm, num_fwd_outputs)
+    cut = cut_at_backward(gm, num_fwd_outputs, mutated_inputs(joint))
     fw, bw = _extract_fwd_bwd_modules(
         gm, list(cut.saved), saved_sym_nodes=[], num_fwd_outputs=num_fwd_outputs
     )
@@ -129,10 +129,15 @@ class Cut:
     recomputed: tuple[fx.Node, ...]  # ops after the cut that read no tangent
 
 
-def cut_at_backward(gm: fx.GraphModule, num_fwd_outputs: int) -> Cut:
+def cut_at_backward(
+    gm: fx.GraphModule, num_fwd_outputs: int, mutated: frozenset[str] = frozenset()
+) -> Cut:
     """Cut `gm` before its first op that depends on a tangent: the forward is what comes
-    before. A PartitionError if a forward output is made after that point (the plan did not
-    keep the backward after the forward)."""
+    before. A forward output made after that point moves before it (`_move_into_forward`).
+    An input in `mutated` (AOTAutograd writes its new
+    value after the forward) that the backward reads is saved as a copy made in the forward:
+    saved as it is, autograd refuses it once written ("modified by an inplace operation"),
+    as when a plan recomputes a batch norm, which reads its running statistics."""
     nodes = list(gm.graph.nodes)
     backward: set[fx.Node] = set()
     boundary = len(nodes) - 1  # the output node
@@ -144,14 +149,19 @@ def cut_at_backward(gm: fx.GraphModule, num_fwd_outputs: int) -> Cut:
             # backward with the tangent
             if n.op != "placeholder" and not _is_view(n):
                 boundary = min(boundary, i)
-    later = set(nodes[boundary:])
+    later, first_later = set(nodes[boundary:]), nodes[boundary]
+    for n in nodes[:boundary]:
+        if n.op == "placeholder" and n.target in mutated:
+            _read_later_as_copy(gm, n, first_later, later)
+    nodes = list(gm.graph.nodes)
+    boundary = nodes.index(first_later)
     outputs = gm.graph.output_node().args[0][:num_fwd_outputs]
-    late = [o.name for o in outputs if isinstance(o, fx.Node) and o in later]
+    late = [o for o in outputs if isinstance(o, fx.Node) and o in later]
     if late:
-        raise PartitionError(
-            f"the plan computes forward output {late[0]} after the backward has started: "
-            "report it with the model (magis.torch_backend)"
-        )
+        _move_into_forward(late, first_later, backward)
+        nodes = list(gm.graph.nodes)
+        boundary = nodes.index(first_later)
+        later = set(nodes[boundary:])
     saved = [
         n
         for n in nodes[:boundary]
@@ -163,6 +173,56 @@ def cut_at_backward(gm: fx.GraphModule, num_fwd_outputs: int) -> Cut:
         if n.op == "call_function" and n not in backward and not _is_view(n)
     ]
     return Cut(tuple(saved), tuple(recomputed))
+
+
+def _move_into_forward(late: list[fx.Node], at: fx.Node, backward: set[fx.Node]) -> None:
+    """Move forward outputs a plan computes after the backward's start (and what they need
+    from there) to right before `at`, in their order. None reads a tangent, so the forward
+    can make them; the plan's order left them late where no edge held them early (a batch
+    norm's running-statistics update: nothing in the forward reads it). A PartitionError if
+    one depends on a tangent."""
+    needed: set[fx.Node] = set()
+    stack = list(late)
+    while stack:
+        n = stack.pop()
+        if n in needed or n.op == "placeholder" or n.op == "get_attr":
+            continue
+        if n in backward:
+            raise PartitionError(
+                f"forward output {late[0].name} depends on a gradient: "
+                "report it with the model (magis.torch_backend)"
+            )
+        needed.add(n)
+        stack.extend(a for a in n.all_input_nodes if a not in needed)
+    order = {n: i for i, n in enumerate(at.graph.nodes)}
+    start = order[at]
+    for n in sorted((n for n in needed if order[n] > start), key=order.__getitem__):
+        at.prepend(n)
+
+
+def _read_later_as_copy(gm: fx.GraphModule, node: fx.Node, at: fx.Node, later: set) -> None:
+    """Make the readers of `node` in `later` (the output aside) read a copy of it made right
+    before `at`."""
+    readers = [u for u in node.users if u in later and u.op != "output"]
+    if not readers:
+        return
+    with gm.graph.inserting_before(at):
+        copy = gm.graph.call_function(torch.ops.aten.clone.default, (node,))
+    copy.meta["val"] = node.meta.get("val")
+    for user in readers:
+        user.replace_input_with(node, copy)
+
+
+def mutated_inputs(joint: fx.GraphModule) -> frozenset[str]:
+    """The joint's placeholders AOTAutograd writes after the forward: those whose new value
+    is a forward output (`InputMutationAOTOutput` in the output node's descriptors)."""
+    descs = joint.graph.output_node().meta.get("desc") or ()
+    written = [d.mutated_input for d in descs if hasattr(d, "mutated_input")]
+    return frozenset(
+        str(n.target)
+        for n in joint.graph.nodes
+        if n.op == "placeholder" and n.meta.get("desc") in written
+    )
 
 
 def _is_view(node: fx.Node) -> bool:

@@ -132,6 +132,7 @@ def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
         changed.update(g.replace_uses(Ref(nid, 0), Ref(news[-1], 0)))
         for i in (1, 2):
             changed.update(g.replace_uses(Ref(nid, i), Ref(wgrad, i)))
+        g.carry_control_deps(nid, news)
         g.remove_node(nid)
         added.update(news)
         places.append(((nid,), tuple(news)))
@@ -194,6 +195,7 @@ def merge_conv_backward(graph: Graph, pairs: Iterable[tuple[int, int]]) -> Rewri
             changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
         olds = (dgrad, wgrad) if relayout is None else (dgrad, wgrad, relayout)
         for old in olds[::-1]:
+            g.carry_control_deps(old, [merged])
             g.remove_node(old)
         added.add(merged)
         places.append((olds, (merged,)))
