@@ -12,6 +12,7 @@ about thousands of mutated graphs pays a dictionary lookup per node.
 from __future__ import annotations
 
 import abc
+import copy
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -132,10 +133,13 @@ class CostModel(abc.ABC):
         self._memo = _Memo()
 
     def with_interconnect(self, interconnect: Interconnect) -> CostModel:
-        """This model pricing collectives over `interconnect` (forgets the node times it knew)."""
-        self.interconnect = interconnect
-        self._memo.by_node.clear()
-        return self
+        """A copy of this model pricing collectives over `interconnect`; this one is unchanged
+        (a caller's model keeps its link). The op times it knew are shared (no op's time
+        depends on the link), its node times are not (a collective's does)."""
+        other = copy.copy(self)
+        other.interconnect = interconnect
+        other._memo = _Memo(times=self._memo.times)
+        return other
 
     def comm_time(self, graph: Graph, nid: int) -> float:
         """Seconds collective `nid` takes on the communication stream: its full buffer (the

@@ -83,6 +83,15 @@ def test_collectives_run_on_their_own_stream(step):
     assert b.latency_s < b.compute_s + b.comm_s
 
 
+def test_a_model_with_another_link_is_a_copy(step):
+    """`with_interconnect` leaves the caller's model and its link as they were."""
+    base = get_cost_model("a100")
+    slow = base.with_interconnect(Interconnect(get_link("loopback"), 4))
+    order = step.graph.program_order()
+    assert slow is not base and base.interconnect != slow.interconnect
+    assert simulate(step.graph, order, slow).comm_s > simulate(step.graph, order, base).comm_s
+
+
 def test_collectives_are_never_recomputed_nor_split(step):
     from magis.ir.dims import op_dims
 
