@@ -228,17 +228,6 @@ class Graph:
             self._dag.add_edge(a, b, "control")
         self._invalidate()
 
-    def carry_control_deps(self, old: int, new: Iterable[int]) -> None:
-        """The nodes `new`, made in place of `old` by a rewrite, run after what `old` had to
-        run after, and before what had to run after `old` (a joint graph's backward waits for
-        its forward through such edges: `magis.capture.joint`)."""
-        followers = [a for a, before in self._control.items() if old in before]
-        for nid in new:
-            for before in self.control_deps(old):
-                self.add_control_dep(before, nid)
-            for after in followers:
-                self.add_control_dep(nid, after)
-
     def restride(self, nid: int, outputs: tuple[TensorMeta, ...]) -> None:
         """Record other strides for a node's outputs (same shapes and dtypes): what its op
         really returns, derived on fake tensors after a rewrite (`backend.meta_check`)."""

@@ -61,3 +61,15 @@ def sorted_by_rank(
     ranked = sorted(rank if nodes is None else nodes, key=lambda n: (rank[n], n))
     key = {n: f"{i:09d}" for i, n in enumerate(ranked)}
     return list(rx.lexicographical_topological_sort(dag, key=key.__getitem__))
+
+
+def carry_control_deps(graph: Graph, old: int, new: Iterable[int]) -> None:
+    """The nodes `new`, made in place of `old` by a rewrite, run after what `old` had to run
+    after, and before what had to run after `old` (a joint graph's backward waits for its
+    forward through such edges: `magis.capture.joint`)."""
+    followers = [a for a in graph.with_control_deps() if old in graph.control_deps(a)]
+    for nid in new:
+        for before in graph.control_deps(old):
+            graph.add_control_dep(before, nid)
+        for after in followers:
+            graph.add_control_dep(nid, after)

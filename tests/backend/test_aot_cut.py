@@ -12,6 +12,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from magis.backend.aot import cut_at_backward
 from magis.capture.joint import joint_step
 from magis.ir import Ref
+from magis.ir.topological import carry_control_deps
 
 aten = torch.ops.aten
 
@@ -59,7 +60,7 @@ def test_an_input_written_after_the_forward_reaches_the_backward_as_a_copy():
 
 def test_a_node_made_in_place_of_a_tangent_reader_still_waits_for_the_forward():
     """A rewrite that replaces the backward's first op (as the convolution-backward split
-    does) carries its control edges to the new node (`Graph.carry_control_deps`)."""
+    does) carries its control edges to the new node (`ir.topological.carry_control_deps`)."""
     graph = joint_step(joint_graph(late_output=True), num_fwd_outputs=2).step.graph
     (reader,) = [n for n in graph.nodes if graph.node(n).name == "mul_tensor_1"]
     (update,) = [n for n in graph.nodes if graph.node(n).name == "add_tensor"]
@@ -67,7 +68,7 @@ def test_a_node_made_in_place_of_a_tangent_reader_still_waits_for_the_forward():
     old = graph.node(reader)
     new = graph.add_op("mul_1_again", old.op, old.args, outputs=old.outputs)
     graph.replace_uses(Ref(reader), Ref(new))
-    graph.carry_control_deps(reader, [new])
+    carry_control_deps(graph, reader, [new])
     graph.remove_node(reader)
     assert update in graph.control_deps(new)
     assert graph.topological_order().index(update) < graph.topological_order().index(new)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from magis.ir import Graph, Ref, TensorMeta
+from magis.ir.topological import carry_control_deps
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
 from magis.rules.taso.common import (
     CONV_BACKWARD,
@@ -132,7 +133,7 @@ def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
         changed.update(g.replace_uses(Ref(nid, 0), Ref(news[-1], 0)))
         for i in (1, 2):
             changed.update(g.replace_uses(Ref(nid, i), Ref(wgrad, i)))
-        g.carry_control_deps(nid, news)
+        carry_control_deps(g, nid, news)
         g.remove_node(nid)
         added.update(news)
         places.append(((nid,), tuple(news)))
@@ -195,7 +196,7 @@ def merge_conv_backward(graph: Graph, pairs: Iterable[tuple[int, int]]) -> Rewri
             changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
         olds = (dgrad, wgrad) if relayout is None else (dgrad, wgrad, relayout)
         for old in olds[::-1]:
-            g.carry_control_deps(old, [merged])
+            carry_control_deps(g, old, [merged])
             g.remove_node(old)
         added.add(merged)
         places.append((olds, (merged,)))
