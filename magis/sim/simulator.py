@@ -31,7 +31,6 @@ import numpy as np
 if TYPE_CHECKING:
     from magis.cost import CostModel
 from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
-from magis.ir.collectives import comm_nodes
 from magis.sim.tables import Tables, node_times, tables
 
 
@@ -289,8 +288,8 @@ def _breakdown(t: Tables, cats, alloc, free, step: int) -> dict[str, int]:
 def _latency(graph: Graph, order, cost: CostModel) -> tuple[float, float, float, float]:
     """(makespan, busy compute seconds, busy copy seconds, busy communication seconds)."""
     times = node_times(graph, cost)
-    copies = tables(graph).copy_nodes
-    comms = comm_nodes(graph)
+    t = tables(graph)
+    copies, comms = t.copy_nodes, t.comm_nodes
     copy_s = _busy(times, copies)
     comm_s = _busy(times, comms)
     ids = _as_ids(order)

@@ -115,7 +115,7 @@ def _same_tables(a, b) -> None:
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert _pairs(a) == _pairs(b)
     assert (a.resident_bytes, a.resident_by_kind) == (b.resident_bytes, b.resident_by_kind)
-    assert a.copy_nodes == b.copy_nodes
+    assert (a.copy_nodes, a.comm_nodes) == (b.copy_nodes, b.comm_nodes)
 
 
 def _same_sim(a, b) -> None:
