@@ -46,11 +46,13 @@ class FusionRaisedPeak(Exception):  # noqa: N818 - a signal between Inductor's p
 class FusionCheck:
     """Inductor's estimated peak of one segment before and after fusion, in bytes."""
 
-    before: int = 0
-    after: int = 0
+    before: int | None = None  # None: this torch's Inductor has no estimate to give
+    after: int | None = None
 
     @property
     def raised(self) -> bool:
+        if self.before is None or self.after is None:
+            return False
         return self.after > self.before * (1 + FUSION_TOLERANCE)
 
 
@@ -59,11 +61,14 @@ def checked_fusion_config(check: FusionCheck, level: str) -> dict:
     compile (`FusionRaisedPeak`) when fusion at `level` raised it (never at the last level).
     The passes name their level to Inductor's compiled-graph cache: a level's graph is cached
     only when its fusion kept the peak."""
-    from torch._inductor.custom_graph_pass import CustomSchedulerPass
+    try:
+        from torch._inductor.custom_graph_pass import CustomSchedulerPass
+    except ImportError:  # an older torch: plain callables (its graph cache is bypassed)
+        CustomSchedulerPass = object  # noqa: N806
 
     class Before(CustomSchedulerPass):
         def __call__(self, nodes: list) -> list:
-            check.before = estimated_peak_bytes(nodes)
+            check.before = _estimate(nodes)
             return nodes
 
         def uuid(self) -> str:
@@ -71,7 +76,7 @@ def checked_fusion_config(check: FusionCheck, level: str) -> dict:
 
     class After(Before):
         def __call__(self, nodes: list) -> list:
-            check.after = estimated_peak_bytes(nodes)
+            check.after = _estimate(nodes)
             if check.raised and level != FUSION_LEVELS[-1]:
                 raise FusionRaisedPeak(f"{check.before} -> {check.after} bytes")
             return nodes
@@ -114,6 +119,15 @@ def _in_place(scheduler, node1, node2) -> bool:
         if made_by is not None and made_by.max_order > first.min_order:
             return False  # it would be hoisted before the fused kernel
     return True
+
+
+def _estimate(nodes: list) -> int | None:
+    """`estimated_peak_bytes`, or None where this torch's Inductor lacks the memory planner's
+    helpers it uses (they are internal: torch 2.13's names); the check is then skipped."""
+    try:
+        return estimated_peak_bytes(nodes)
+    except (ImportError, AttributeError):
+        return None
 
 
 def estimated_peak_bytes(nodes: list) -> int:
