@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from magis.ir.tensor import TensorMeta
 
@@ -35,6 +35,10 @@ class OpInfo:
     copy_stream: bool = False  # a Store or Load: a host<->device copy on the copy stream (§6.2)
     host_output: bool = False  # the output lives in host memory (a Store), not on the device
     comm_stream: bool = False  # a collective: runs on the communication stream, never recomputed
+    # The kernel computes the elementwise result (the broadcast of arguments 0 and 1) into the
+    # output and then resizes it in place to the reduced shape: its storage keeps the
+    # elementwise size (`RESIZED_LOSSES`).
+    keeps_elementwise_storage: bool = False
 
 
 def tensor_metas(args: tuple) -> list[TensorMeta]:
@@ -226,6 +230,15 @@ WEIGHTED = {
     "arange": _per_output_element(1),
     "copy_": _per_output_element(1),
 }
+# Losses whose kernel allocates the output at the elementwise loss's size (the broadcast of
+# input and target) and then `resize_`s it to the mean's or sum's 0-d shape, which never
+# shrinks a storage: the scalar loss holds the whole buffer until it dies, measured by
+# the dispatch tracker (mse_loss on a 2x8x16x16 float64 input: 32,768 B, not 8). mse_loss
+# and smooth_l1_loss are structured kernels whose meta function allocates it (any device);
+# soft_margin_loss writes it through its out= overload; binary_cross_entropy's CPU and CUDA
+# kernels start from empty_like(input). (huber_loss, l1_loss and the others reduce into a
+# fresh tensor, so they are not here.)
+RESIZED_LOSSES = ("mse_loss", "smooth_l1_loss", "soft_margin_loss", "binary_cross_entropy")
 # Ops whose schema does not mark an argument as written, although the CPU and CUDA kernels do:
 # Batch norms in training update running_mean and running_var (arguments 3 and 4) in place
 # without their schema saying so: the native kernel, and the cuDNN and MIOpen ones that
@@ -280,6 +293,9 @@ def build_default_registry() -> OpRegistry:
         entries.setdefault(name, OpInfo(name, flops=_per_output_element(1)))
     for name, positions in HIDDEN_MUTATIONS.items():  # GPU batch norms: no FLOP rule, mutating
         entries.setdefault(name, OpInfo(name, flops=_per_input_element(8), mutates=positions))
+    for name in RESIZED_LOSSES:  # one without an entry keeps its generic costs (opaque)
+        info = entries.get(name) or OpInfo(name, opaque=True)
+        entries[name] = replace(info, keeps_elementwise_storage=True)
     entries[STORE_OP] = OpInfo(STORE_OP, flops=_zero, copy_stream=True, host_output=True)
     entries[LOAD_OP] = OpInfo(LOAD_OP, flops=_zero, copy_stream=True)
     for name in COLLECTIVE_OPS:

@@ -10,6 +10,7 @@ import rustworkx as rx
 
 from magis.ir.node import Node, Ref, refs_in
 from magis.ir.ops import OpInfo, OpRegistry
+from magis.ir.tensor import TensorMeta, broadcast_numel
 
 
 class GraphLike(Protocol):
@@ -178,7 +179,8 @@ class StorageMap:
 
     A view's outputs share the storage of its first tensor argument; an in-place update's output
     shares the storage it writes into; every other output allocates a storage of its own, named
-    by the Ref that allocated it. A storage is live from its allocation until the last reader of
+    by the Ref that allocated it, of the output's size (a loss that resizes its elementwise
+    buffer down to the scalar it returns keeps that buffer: `OpInfo.keeps_elementwise_storage`). A storage is live from its allocation until the last reader of
     any of its aliases has run; storages of placeholders are resident throughout.
     """
 
@@ -224,7 +226,11 @@ class StorageMap:
                     base[ref] = base[aliased]
                 else:
                     base[ref] = ref
-                    nbytes[ref] = meta.nbytes
+                    nbytes[ref] = (
+                        _allocated_bytes(nodes, node, i, meta)
+                        if info is not None and info.keeps_elementwise_storage
+                        else meta.nbytes
+                    )
                     readers[ref] = []
                     if info is not None and info.host_output:
                         host.add(ref)
@@ -302,7 +308,11 @@ class StorageMap:
                     edited.add(ref)
                 else:
                     appended.append(ref)
-                nbytes[ref] = meta.nbytes
+                nbytes[ref] = (
+                    _allocated_bytes(nodes, node, i, meta)
+                    if info.keeps_elementwise_storage
+                    else meta.nbytes
+                )
                 readers.setdefault(ref, [])
                 if info.host_output:
                     host.add(ref)
@@ -378,6 +388,21 @@ def _topological(graph: GraphLike, subset: set[int]) -> list[int]:
             stack.append((v, True))
             stack.extend((p, False) for p in graph.predecessors(v) if p in subset and p not in done)
     return out
+
+
+def _allocated_bytes(nodes: Mapping[int, Node], node: Node, index: int, meta: TensorMeta) -> int:
+    """Bytes of the storage that output `index` of `node`, an op that resizes a larger buffer
+    down to its result (`OpInfo.keeps_elementwise_storage`), allocates: a reducing loss's
+    scalar keeps the elementwise loss's storage, the broadcast of its first two arguments,
+    and the dispatch tracker measures it whole. (The check of the flag stays at the callers:
+    a graph's every output passes there.)"""
+    if index or len(node.args) < 2:
+        return meta.nbytes
+    a, b = node.args[0], node.args[1]
+    if not isinstance(a, Ref) or not isinstance(b, Ref):
+        return meta.nbytes
+    shapes = (nodes[r.node].outputs[r.index].shape for r in (a, b))
+    return max(meta.nbytes, broadcast_numel(*shapes) * meta.itemsize)
 
 
 def _aliased_input(node: Node, info: OpInfo | None) -> Ref | None:

@@ -42,6 +42,14 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def broadcast_numel(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Elements of the broadcast of shapes `a` and `b` (torch's rule: trailing dims aligned, a
+    size-1 dim takes the other's size, so 1 against 0 gives 0)."""
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    return math.prod(y if x == 1 else x for x, y in zip(a, b, strict=True))
+
+
 def pickled_by_fields(cls):
     """Class decorator: a slotted dataclass pickles as a call with its init fields (the field
     names read once here). `dataclasses`' own slots pickling calls `fields()` per object, and
@@ -60,8 +68,9 @@ def pickled_by_fields(cls):
 class TensorMeta:
     """Shape, dtype, size in bytes and strides of one output of one node.
 
-    `nbytes` is the size of the storage the producing op allocates; for a view it is the view's
-    own extent, which is never counted on its own (its base's storage is).
+    `nbytes` is the size of the storage the producing op allocates (but for the few losses that
+    keep a larger buffer, `StorageMap.nbytes`); for a view it is the view's own extent, which is
+    never counted on its own (its base's storage is).
 
     `strides` are the ones the captured program produced (a channels-last convolution gradient
     is not row-major). Left out, they are row-major: the contract for a node a rule creates is
