@@ -6,36 +6,32 @@ constructor's defaults with the attributes of `TINY_INIT` capped where the const
 them, per-level tuples cut to two levels (the down path's first two, the up path's last two, as
 the up path mirrors the down one), and the step is the one diffusion training writes: the model
 predicts the noise of a latent at a timestep, and the loss is the mean squared error against it.
-Forward parameters are filled by name from `INPUTS`; a model needing any other is a failure row.
+The forward's inputs are derived in `coverage_diffusers_inputs`; a model needing one no rule
+sizes is a failure row.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from magis.bench.coverage_models import BATCH, DIFFUSERS, Architecture, Case, runs_eagerly
-
-LATENT_SIDE, TEXT_TOKENS, LEVELS = 16, 8, 2
-
-# the config attributes that give a conditioning input's width, in the order they are looked up
-TEXT_WIDTH = (
-    "caption_channels",  # PixArt's and Sana's text width; their cross_attention_dim is inner
-    "cross_attention_dim",
-    "joint_attention_dim",
-    "text_embed_dim",
-    "text_emb_dim",
-    "text_in_dim",
-    "text_hidden_dim",
-    "cap_feat_dim",
-    "context_in_dim",
-    "llm_features_dim",
-    "encoder_hidden_size",
+from magis.bench.coverage_diffusers_inputs import (
+    LATENT_SIDE,
+    ROPE_AXES,
+    TEXT_WIDTH,
+    Inputs,
+    forward_inputs,
+    layouts,
+    takes_latent,
 )
+from magis.bench.coverage_models import DIFFUSERS, Architecture, Case
+
+LEVELS = 2
 
 TINY_INIT: Mapping[str, int] = {
     "sample_size": LATENT_SIDE,
@@ -72,6 +68,7 @@ TINY_INIT: Mapping[str, int] = {
             "num_heads",
             "num_cross_attention_heads",
             "text_num_attention_heads",
+            "block_num_heads",
         ),
         2,
     ),
@@ -82,6 +79,9 @@ TINY_INIT: Mapping[str, int] = {
         64,
     ),
     **dict.fromkeys(("num_experts", "num_routed_experts"), 4),
+    # token ids' ranges (aMUSEd's VQ codebook; its vocabulary adds the mask tokens to it)
+    "codebook_size": 64,
+    "vocab_size": 128,
     # the widths of conditioning inputs (text encoders' features, pooled embeddings)
     **dict.fromkeys(
         (
@@ -90,6 +90,7 @@ TINY_INIT: Mapping[str, int] = {
             "pooled_projection_dim",
             "cross_attention_dim_t5",
             "cond_embed_dim",
+            "text_encoder_dim",
         ),
         32,
     ),
@@ -100,10 +101,6 @@ FILL_WHEN_NONE: Mapping[str, int] = {"in_channels": 8, "patch_size": 2, "sample_
 # of those, the ones that choose a path (a patched latent, not a continuous one): filled only
 # where the constructor refuses the model without them
 PATH_FILLS = ("patch_size", "sample_size")
-# the rotary positions of a packed latent's tokens and of the text's (`packed_inputs`)
-PACKED_POSITIONS = ("img_ids", "txt_ids")
-# per-axis rotary sizes (time, height, width), whose sum is the head size
-ROPE_AXES = ("axes_dims_rope", "axes_dim_rope", "rope_axes_dim", "axes_dims", "axes_dim")
 BLOCK_WIDTHS = (32, 64)
 
 
@@ -129,7 +126,8 @@ def tiny_init(cls: type) -> dict[str, Any]:
     """Constructor arguments of `cls` for a tiny model (see the module docstring)."""
     params = inspect.signature(cls.__init__).parameters
     defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
-    levels = len(defaults.get("block_out_channels") or ()) or None
+    per_level = defaults.get("block_out_channels")  # aMUSEd's is one width, not one per level
+    levels = len(per_level) if isinstance(per_level, list | tuple) and per_level else None
     init: dict[str, Any] = {}
     for name, value in defaults.items():
         if name in TINY_INIT and isinstance(value, int) and not isinstance(value, bool):
@@ -138,6 +136,8 @@ def tiny_init(cls: type) -> dict[str, Any]:
             init[name] = (TINY_INIT[name],) * LEVELS
         elif name == "block_out_channels" and levels:
             init[name] = BLOCK_WIDTHS
+        elif name == "block_out_channels" and isinstance(value, int):  # one level's width
+            init[name] = BLOCK_WIDTHS[0]
         elif levels and isinstance(value, tuple) and len(value) == levels:
             init[name] = value[-LEVELS:] if name.startswith("up") else value[:LEVELS]
     init.update({k: v for k, v in FILL_WHEN_NONE.items() if k in defaults and defaults[k] is None})
@@ -195,7 +195,8 @@ def _kv_heads(defaults: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, 
 
 def _rope_axes(defaults: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple]:
     """Per-axis rotary sizes that sum to the tiny head size (`attention_head_dim`, or the
-    hidden size over the heads), each even and at least 2, in the defaults' proportions."""
+    hidden size over the heads), each even and at least 2, in the defaults' proportions; a
+    default of `None` (the constructor's own full-size axes, PRX's) as an image's two axes."""
     head = now.get("attention_head_dim")
     hidden, heads = now.get("hidden_size") or now.get("dim"), _heads(now)
     if not isinstance(head, int) and isinstance(hidden, int) and heads:
@@ -204,7 +205,7 @@ def _rope_axes(defaults: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str,
         return {}
     found = {}
     for name in ROPE_AXES:
-        axes = defaults.get(name)
+        axes = [1, 1] if name in defaults and defaults[name] is None else defaults.get(name)
         if isinstance(axes, list | tuple) and axes and all(isinstance(a, int) for a in axes):
             found[name] = type(axes)(_split_even(head, [int(a) for a in axes]))
     return found
@@ -229,14 +230,31 @@ def build_diffusers_case(arch: Architecture, dtype: torch.dtype, seed: int) -> C
     finally:
         torch.set_default_dtype(previous)
     gen = torch.Generator().manual_seed(seed)
-    batch = forward_inputs(model, dtype, gen)
-    if not runs_eagerly(model, batch):  # a transformer on a sequence of latent tokens
-        packed = packed_inputs(model, batch)
-        batch = packed if runs_eagerly(model, packed) else batch
+    batch = _running_inputs(model, dtype, gen)
     with torch.no_grad():  # the prediction's shape: the noise target's
         shape = _prediction(model(**batch)).shape
     batch["target"] = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-    return Case(model, batch, denoising_loss)
+    tensors, loss = _tensor_batch(batch)
+    return Case(model, tensors, loss)
+
+
+def _running_inputs(model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator) -> dict:
+    """The inputs of the first layout (`layouts`) on which the model runs eagerly; where none
+    does, the last layout's error (the packed tokens': an image model runs on the first)."""
+    error: Exception | None = None
+    for layout in layouts(model.config):
+        try:
+            batch = forward_inputs(
+                model, Inputs(model.config, dtype, gen, layout, takes_latent(model))
+            )
+            with torch.no_grad():
+                model(**batch)
+        except Exception as e:  # noqa: BLE001 - any failure: the next layout
+            error = e
+            continue
+        return batch
+    assert error is not None
+    raise error
 
 
 def _constructed(cls: type, init: dict[str, Any]) -> torch.nn.Module:
@@ -248,32 +266,39 @@ def _constructed(cls: type, init: dict[str, Any]) -> torch.nn.Module:
         return cls(**{k: v for k, v in init.items() if k not in PATH_FILLS})
 
 
-def packed_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The latent as a sequence of tokens [batch, side x side, channels] (Flux's packed
-    latent), with the positions that its rotary embedding reads where the forward takes them:
-    each token's (0, row, column) and the text tokens' zeros, one column per rotary axis."""
-    name = "hidden_states" if "hidden_states" in batch else "sample"
-    latent = batch[name]
-    if latent.dim() != 4:
-        return batch
-    b, c, h, w = latent.shape
-    packed: dict[str, Any] = {**batch, name: latent.permute(0, 2, 3, 1).reshape(b, h * w, c)}
-    axes = next((len(v) for k in ROPE_AXES if isinstance(v := getattr(model.config, k, None),
-                 list | tuple)), 3)  # fmt: skip
-    params = inspect.signature(model.forward).parameters
-    if PACKED_POSITIONS[0] in params:
-        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        ids = torch.zeros(h * w, axes)
-        ids[:, 1], ids[:, 2] = rows.flatten(), cols.flatten()
-        packed["img_ids"] = ids
-    if PACKED_POSITIONS[1] in params:
-        packed["txt_ids"] = torch.zeros(TEXT_TOKENS, axes)
-    return packed
-
-
 def denoising_loss(model: torch.nn.Module, target: torch.Tensor, **inputs) -> torch.Tensor:
     """The diffusion training loss: the mean squared error of the predicted noise."""
     return F.mse_loss(_prediction(model(**inputs)), target)
+
+
+@dataclass(frozen=True)
+class BoundLoss:
+    """`denoising_loss` with the batch's values that are not tensors bound (a token grid's
+    shapes, `img_shapes`: the step captures tensors only, and these are the step's constants)
+    and its lists of tensors passed one tensor an input (`NAME_0`, `NAME_1`, ...) and regrouped."""
+
+    static: Mapping[str, Any]
+    lists: Mapping[str, int]  # a list's name: its length
+
+    def __call__(self, model: torch.nn.Module, target: torch.Tensor, **inputs) -> torch.Tensor:
+        for name, count in self.lists.items():
+            inputs[name] = [inputs.pop(f"{name}_{i}") for i in range(count)]
+        return denoising_loss(model, target, **inputs, **self.static)
+
+
+def _tensor_batch(batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], Callable]:
+    """The batch's tensors (a list of them spread out) and the loss that takes them."""
+    tensors: dict[str, torch.Tensor] = {}
+    static, lists = {}, {}
+    for name, value in batch.items():
+        if isinstance(value, list) and value and all(isinstance(v, torch.Tensor) for v in value):
+            lists[name] = len(value)
+            tensors.update((f"{name}_{i}", v) for i, v in enumerate(value))
+        elif isinstance(value, torch.Tensor):
+            tensors[name] = value
+        else:
+            static[name] = value
+    return tensors, (BoundLoss(static, lists) if static or lists else denoising_loss)
 
 
 def _prediction(out: Any) -> torch.Tensor:
@@ -281,94 +306,3 @@ def _prediction(out: Any) -> torch.Tensor:
         return out
     sample = getattr(out, "sample", None)
     return sample if isinstance(sample, torch.Tensor) else out[0]
-
-
-def _config_int(config: Any, names: tuple[str, ...]) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def forward_inputs(
-    model: torch.nn.Module, dtype: torch.dtype, gen: torch.Generator
-) -> dict[str, torch.Tensor]:
-    """The forward's parameters named in `INPUTS`, at tiny sizes; a required parameter that is
-    not there is an error naming it."""
-    config = model.config
-    params = list(inspect.signature(model.forward).parameters.values())
-    batch = {}
-    for p in params:
-        required = p.default is inspect.Parameter.empty
-        make = INPUTS.get(p.name) or (REQUIRED_INPUTS.get(p.name) if required else None)
-        value = make(config, dtype, gen) if make is not None else None
-        if value is not None:
-            batch[p.name] = value
-        elif required and p.kind is not p.VAR_KEYWORD and p.name not in PACKED_POSITIONS:
-            raise ValueError(f"no tiny input for {type(model).__name__}.forward's `{p.name}`")
-    return batch
-
-
-def _latent(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    channels = getattr(config, "in_channels", 4) or 4
-    side = getattr(config, "sample_size", LATENT_SIDE) or LATENT_SIDE
-    side = side if isinstance(side, int) else LATENT_SIDE
-    shape = (BATCH, channels, side, side)
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-
-
-def _timestep(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """Timesteps in [1, 1000), in the model's float dtype as the flow-matching pipelines pass
-    them (a model that embeds them with a linear layer takes no integers)."""
-    return torch.randint(1, 1000, (BATCH,), generator=gen).to(dtype)
-
-
-def _text(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor | None:
-    width = _config_int(config, TEXT_WIDTH)
-    if width is None:
-        return None
-    shape = (BATCH, TEXT_TOKENS, width)
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-
-
-def _pooled(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor | None:
-    width = _config_int(config, ("pooled_projection_dim",))
-    if width is None:
-        return None
-    return torch.randn((BATCH, width), generator=gen, dtype=torch.float64).to(dtype)
-
-
-def _class_labels(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor | None:
-    classes = _config_int(config, ("num_embeds_ada_norm", "num_class_embeds"))
-    if classes is None:
-        return None
-    return torch.randint(0, classes, (BATCH,), generator=gen)
-
-
-def _text_mask(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    return torch.ones(BATCH, TEXT_TOKENS, dtype=torch.bool)
-
-
-def _image_size(config: Any, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """An image's (height, width) or crop corner, as SDXL-style micro-conditions take them."""
-    side = 8 * LATENT_SIDE
-    return torch.tensor([[side, side]] * BATCH, dtype=torch.float64).to(dtype)
-
-
-# inputs given only where the forward requires them (optional, they change what it computes)
-REQUIRED_INPUTS: Mapping[str, Callable[[Any, torch.dtype, torch.Generator], Any]] = {
-    **dict.fromkeys(
-        ("encoder_attention_mask", "encoder_hidden_states_mask", "encoder_mask"), _text_mask
-    ),
-    **dict.fromkeys(("original_size", "target_size", "crop_coords"), _image_size),
-}
-
-INPUTS: Mapping[str, Callable[[Any, torch.dtype, torch.Generator], torch.Tensor | None]] = {
-    "sample": _latent,
-    "hidden_states": _latent,
-    "timestep": _timestep,
-    "encoder_hidden_states": _text,
-    "pooled_projections": _pooled,
-    "class_labels": _class_labels,
-}
