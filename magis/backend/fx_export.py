@@ -35,6 +35,20 @@ segment. Why segments, and why these configuration switches:
   copy can even become a device buffer. Measured on bert-base:tiny at mem_limit 0.5 (20 searched
   states): 1.052 of the simulated peak with reuse, 1.001 without. A caching allocator (CUDA)
   reuses freed blocks anyway.
+- **Every value the plan hands from one node to another is a buffer, made at its node.**
+  Inductor's lowering inlines a pointwise value into its reader's kernel (unless it has many
+  readers or reads) and computes it there: its inputs then live until that reader, where the
+  plan freed them at the value's node. On unet:small at mem_limit 0.5 a recomputed max-pool was
+  computed at its backward, 86 nodes later, which kept the 16 MiB ReLU output it pools alive
+  with it: 1.079 of the plan's simulated peak. Each traced node knows the plan node it belongs
+  to (FX's node-meta propagation carries `meta["custom"]` through the decompositions), and a
+  value read by another plan node is marked `inductor_realize_to_strides` (realized where it is
+  computed, in the strides it was traced with). A decomposition's own intermediates are still
+  inlined (a batch norm's backward stays a few kernels, not a buffer per step), and fusion can
+  still merge the buffers' kernels again, under the check below.
+- **One C++ function per kernel.** On a CPU, Inductor gathers the kernels between two extern
+  calls into one function and allocates all their buffers before it
+  (`inductor_fusion.one_function_per_kernel` says what that cost).
 - **Fusion that keeps the peak.** Fusing runs several nodes at one place and can lengthen
   lives: each segment is compiled at the most fusing level that keeps Inductor's estimate of
   its peak (`magis.backend.inductor_fusion`).
@@ -63,6 +77,7 @@ from magis.backend.inductor_fusion import (
     FusionCheck,
     checked_fusion_config,
     fusion_rules,
+    one_function_per_kernel,
 )
 from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
@@ -70,6 +85,9 @@ from magis.ir import Graph, Ref
 from magis.ir.node import map_refs
 from magis.ir.ops import LOAD_OP, STORE_OP
 from magis.ir.schema import check_node, shown
+
+# The key of `meta["custom"]` naming the plan node an FX node computes (a part of)
+PLAN_NODE = "magis_node"
 
 # Inductor's configuration while a segment compiles (see the module docstring for each).
 INDUCTOR_CONFIG = {
@@ -228,13 +246,15 @@ def segment_module(
             return
         overload = check_node(node, f"node {node.id} ({shown(node.name)})")
         call = g.call_function(overload, arg(node.args), {k: arg(v) for k, v in node.kwargs})
+        _tag(call, nid)
         if node.writes_into is not None:
             call = g.call_function(torch.ops.aten.copy_.default, (value(node.writes_into), call))
+            _tag(call, nid)
         if len(node.outputs) == 1 and not _returns_list(overload):
             env[Ref(nid)] = call
         else:
             for i in range(len(node.outputs)):
-                env[Ref(nid, i)] = g.call_function(operator.getitem, (call, i))
+                env[Ref(nid, i)] = _tag(g.call_function(operator.getitem, (call, i)), nid)
 
     def host_copy(node) -> fx.Node:
         x = value(node.inputs[0])
@@ -243,13 +263,52 @@ def segment_module(
             g.call_function(torch.ops.magis.store_into.default, (x, into, pool))
             return into
         if node.op == STORE_OP:
-            return g.call_function(torch.ops.magis.store.default, (x, pool))
-        return g.call_function(torch.ops.magis.load.default, (x, pool, device))
+            return _tag(g.call_function(torch.ops.magis.store.default, (x, pool)), node.id)
+        return _tag(g.call_function(torch.ops.magis.load.default, (x, pool, device)), node.id)
 
     for nid in seg.nids:
         emit(nid)
     g.output(tuple(env[r] for r in seg.outputs))
     return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _tag(call: fx.Node, nid: int) -> fx.Node:
+    call.meta["custom"] = {PLAN_NODE: nid}
+    return call
+
+
+def traced_for_inductor(gm: fx.GraphModule, table: dict, inputs: list) -> fx.GraphModule:
+    """`gm` traced down to the ops Inductor lowers (`table`'s decompositions applied, without
+    functionalization or CSE), each traced node keeping its plan node's tag, and every value
+    passed between plan nodes marked to be realized where it is computed (module docstring)."""
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def run(*args):
+        with fx_traceback.preserve_node_meta():  # the Interpreter's current node's meta
+            return fx.Interpreter(gm).run(*args)
+
+    traced = make_fx(run, decomposition_table=table, tracing_mode="fake")(*inputs)
+    for node in traced.graph.nodes:
+        if _passed_between_plan_nodes(node):
+            node.meta["inductor_realize_to_strides"] = True
+    return traced
+
+
+def _passed_between_plan_nodes(node: fx.Node) -> bool:
+    """A tensor made by a plan node (not a view or an in-place write, which make no buffer of
+    their own) and read by another plan node."""
+    if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and any(r.alias_info is not None for r in schema.returns):
+        return False
+    own = _plan_node(node)
+    return own is not None and any(_plan_node(u) not in (own, None) for u in node.users)
+
+
+def _plan_node(node: fx.Node) -> int | None:
+    return node.meta.get("custom", {}).get(PLAN_NODE)
 
 
 def _returns_list(overload) -> bool:
@@ -275,7 +334,6 @@ def compile_segment(
     allocations are dispatched, for `magis.backend.memory.LiveBytesTracker`."""
     from torch._inductor import config  # Inductor loads on the first compile only
     from torch._inductor.compile_fx import compile_fx_inner
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     device = inputs[0].device if inputs else torch.device("cpu")
     gm = segment_module(graph, seg, device, host_ops.pool_number(pool))
@@ -290,11 +348,12 @@ def compile_segment(
             with (
                 config.patch({**base, **checked_fusion_config(check, level)}),
                 fusion_rules(level),
+                one_function_per_kernel(),
             ):
                 # Inductor lowers the ops of its decomposition table's output (AOTAutograd's
                 # job in torch.compile): traced here, without functionalization or CSE.
-                traced = make_fx(gm, decomposition_table=table, tracing_mode="fake")
-                compiled = compile_fx_inner(traced(*inputs), inputs)
+                traced = traced_for_inductor(gm, table, inputs)
+                compiled = compile_fx_inner(traced, inputs)
                 seg.fusion_level = level
                 return compiled
         except Exception as exc:  # Inductor's lowering errors have no common public base

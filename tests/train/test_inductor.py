@@ -20,7 +20,6 @@ from train_helpers import (
 import magis.backend.fx_export as fx_export
 import magis.backend.inductor_fusion as inductor_fusion
 from magis.backend.fx_export import InductorUnsupportedError, segments
-from magis.backend.inductor import InductorProgram
 from magis.backend.inductor_fusion import FUSION_LEVELS, FusionCheck
 from magis.backend.memory import allocated_peak_bytes, storage_bytes
 from magis.capture.workloads import get_workload
@@ -177,11 +176,16 @@ def test_the_measured_peak_through_inductor_is_at_most_the_simulated_peak(float6
     assert all(s.fusion_level in FUSION_LEVELS for s in step.program.segments)
     assert FUSED_FLOOR * simulated <= measured <= 1.02 * simulated, (measured, simulated)
 
-    plan = step.plan
-    inputs = plan.step.program_inputs(plan.step.make_inputs(torch.float64))
-    plain = InductorProgram(plan.graph, plan.order, "cpu")
-    ordinary, tracked = allocator_peak(plain, inputs), allocator_peak(step.program, inputs)
-    # the tracked build holds a little more (unet:tiny +1.2%, bert-base:tiny +1.8%), never less
+    # The measured build runs the kernels an ordinary one runs: the same plan compiled without
+    # measuring, fed as a train step feeds it (parameters detached, the optimizer's scalars as
+    # views of one tensor: a segment's inputs' layouts decide some of Inductor's kernels), holds
+    # what the CPU allocator sees the measured build hold
+    model2, batch2, loss_fn2 = zoo(name)
+    opt2 = torch.optim.AdamW(model2.parameters(), **ADAMW)
+    plain = compile(model2, opt2, batch2, loss_fn=loss_fn2, plan=step.plan, compiler="inductor")
+    plain(*batch2)  # compiles
+    ordinary = allocated_peak_bytes(lambda: plain(*batch2))
+    tracked = allocated_peak_bytes(lambda: step(*batch))
     assert ordinary <= tracked <= 1.03 * ordinary, (ordinary, tracked)
 
 
