@@ -88,6 +88,8 @@ from magis.ir.schema import check_node, shown
 
 # The key of `meta["custom"]` naming the plan node an FX node computes (a part of)
 PLAN_NODE = "magis_node"
+# The meta key of the strides eager's kernel gave a plan node's output (`_EagerLayouts`)
+PLAN_STRIDES = "magis_strides"
 
 # Inductor's configuration while a segment compiles (see the module docstring for each).
 INDUCTOR_CONFIG = {
@@ -247,6 +249,8 @@ def segment_module(
         overload = check_node(node, f"node {node.id} ({shown(node.name)})")
         call = g.call_function(overload, arg(node.args), {k: arg(v) for k, v in node.kwargs})
         _tag(call, nid)
+        if node.writes_into is None and len(node.outputs) == 1 and not graph.info(nid).is_view:
+            call.meta[PLAN_STRIDES] = node.outputs[0].strides
         if node.writes_into is not None:
             call = g.call_function(torch.ops.aten.copy_.default, (value(node.writes_into), call))
             _tag(call, nid)
@@ -286,13 +290,36 @@ def traced_for_inductor(gm: fx.GraphModule, table: dict, inputs: list) -> fx.Gra
 
     def run(*args):
         with fx_traceback.preserve_node_meta():  # the Interpreter's current node's meta
-            return fx.Interpreter(gm).run(*args)
+            return _EagerLayouts(gm).run(*args)
 
     traced = make_fx(run, decomposition_table=table, tracing_mode="fake")(*inputs)
     for node in traced.graph.nodes:
         if _passed_between_plan_nodes(node):
             node.meta["inductor_realize_to_strides"] = True
     return traced
+
+
+class _EagerLayouts(fx.Interpreter):
+    """Runs the segment giving each plan node's output the strides eager's kernel gave it,
+    where a decomposition gives others: the plan's views were recorded on eager's layouts.
+    (Inductor's `cat` decomposition drops an empty input and clones the other, keeping its
+    transposed strides where eager's kernel writes a contiguous result: GPT-2's key cache, and
+    its next `view` then failed.) The copy is `prims.copy_strided`, which Inductor fuses with
+    the producer."""
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        want = n.meta.get(PLAN_STRIDES)
+        if isinstance(out, torch.Tensor) and want is not None and _other_layout(out, want):
+            out = torch.ops.prims.copy_strided.default(out, tuple(want))
+        return out
+
+
+def _other_layout(t: torch.Tensor, strides: Sequence[int]) -> bool:
+    """Whether `t`'s strides differ from `strides` in a dimension of more than one element."""
+    return len(strides) == t.dim() and any(
+        size > 1 and a != b for size, a, b in zip(t.shape, t.stride(), strides, strict=True)
+    )
 
 
 def _passed_between_plan_nodes(node: fx.Node) -> bool:

@@ -78,6 +78,33 @@ def test_a_zoo_workload_trains_as_eager_through_inductor(float64):
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
 
 
+class EmptyCacheAttention(torch.nn.Module):
+    """A key appended to an empty cache (`cat` with an empty tensor, as GPT-2 and T5 do) and
+    then viewed: eager's `cat` writes a contiguous result, Inductor's decomposition clones the
+    transposed key, whose strides the `view` cannot take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.proj(x).view(4, 6, 2, 8).transpose(1, 2)  # [batch, heads, seq, head]
+        k = torch.cat([k.new_empty(0), k], dim=0)
+        return k.reshape(8, 6, 8).sum(dim=1).tanh()
+
+
+def test_a_plan_view_of_a_decomposed_cat_keeps_eager_layout(float64):
+    """`fx_export._EagerLayouts`: a decomposition's output is given eager's strides."""
+    model = EmptyCacheAttention()
+    batch = (torch.randn(4, 6, 8),)
+
+    def loss_fn(m, x):
+        return m(x).square().mean()
+
+    loss_err, (err, where), _ = train_inductor(model, batch, loss_fn, 1.0)
+    assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
+
+
 def test_fusion_may_raise_the_estimated_peak_by_its_tolerance_only():
     allowed = 1000 * (1 + inductor_fusion.FUSION_TOLERANCE)
     assert not FusionCheck(before=1000, after=int(allowed)).raised
