@@ -9,6 +9,11 @@ For each workload, one model and one `torch.optim.AdamW` on the device take step
 - `swap`: the offloading peer's (POFO) point that stores the most bytes, so that its
   Store/Load copies on the side stream are measured against the two-stream simulation.
 
+With `inductor` (`--inductor`; issue 43), three more: `torch.compile` (the model compiled with
+default settings, the optimizer's step eager), and `inductor-program-order` and
+`inductor-mem-0.5`: those two plans compiled by Inductor. Their peaks on a CPU are the
+allocator's (Inductor's buffers bypass the dispatcher).
+
 Each magis variant is a `TrainStep` (on a GPU replayed as a CUDA graph, `magis.train.cuda_graph`)
 on the same model and optimizer, so all five hold the same weights and optimizer state; one
 variant runs at a time and its program (its graph's memory pool) is dropped before the next.
@@ -41,9 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from magis.bench.gpu_measure import DeviceMeter, StateSnapshot
-from magis.bench.train import workload_loss
-from magis.capture.building import default_dtype
+from magis.bench.gpu_measure import Case, DeviceMeter, StateSnapshot, build_case
 from magis.capture.user_model import is_model_file
 from magis.capture.workloads import get_workload
 from magis.cost import HARDWARE_PRESETS, CostModel, get_cost_model
@@ -53,6 +56,9 @@ from magis.ir import Graph
 from magis.sim import simulate
 
 VARIANTS: tuple[str, ...] = ("eager", "program-order", "mem-0.5", "lat-1.10", "swap")
+# with --inductor (issue 43): torch.compile's own step, and two of the plans above compiled by
+# Inductor (`magis.compile(..., compiler="inductor")`); the name after "inductor-" is the plan
+INDUCTOR_VARIANTS: tuple[str, ...] = ("torch.compile", "inductor-program-order", "inductor-mem-0.5")
 GPU_WORKLOADS: tuple[str, ...] = ("bert-base", "resnet50", "unet", "corpus:gpt2")
 CPU_WORKLOADS: tuple[str, ...] = ("bert-base:tiny", "resnet50:tiny", "unet:tiny")
 LIMITS = {"mem-0.5": {"mem_limit": 0.5}, "lat-1.10": {"lat_limit": 1.10}}
@@ -143,6 +149,7 @@ class GpuBenchOptions:
     warmup: int = 3
     tolerance: float | None = None  # None: 1e-3 on a GPU, 1e-4 on a CPU
     deadline_s: float | None = None  # stop starting workloads after this many seconds
+    inductor: bool = False  # add INDUCTOR_VARIANTS' rows
 
 
 def bench_gpu(
@@ -221,57 +228,6 @@ def _release(device: torch.device) -> None:
 # --- one workload --------------------------------------------------------------------------------
 
 
-@dataclass
-class _Case:
-    """A workload's model, optimizer, batch and loss on the device."""
-
-    name: str
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    batch: tuple[torch.Tensor, ...]
-    loss_fn: Callable[..., torch.Tensor]
-
-    def eager_step(self) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model, *self.batch)
-        loss.backward()
-        self.optimizer.step()
-        return loss.detach()
-
-
-def _build_case(name: str, device: torch.device) -> _Case:
-    if is_model_file(name):
-        return _user_case(name, device)
-    wl = get_workload(name)
-    with default_dtype(torch.float32):
-        torch.manual_seed(0)
-        model = wl.build(torch.float32).to(device)
-        batch = tuple(t.to(device) for t in wl.make_inputs(wl.batch))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    return _Case(name, model, optimizer, batch, workload_loss(wl))
-
-
-def _user_case(name: str, device: torch.device) -> _Case:
-    """A model file's `factory()` (`path/to/model.py:factory`), built for real in float32."""
-    from magis.capture.trace import loss_of
-    from magis.capture.user_model import call_factory, check_result, load_factory, parse_spec
-
-    spec = parse_spec(name)
-    made = check_result(
-        spec, call_factory(spec, load_factory(spec), dtype=torch.float32, real=True)
-    )
-    model = made.model.to(device)
-    batch = tuple(t.to(device) for t in made.data)
-    user_loss, names, keywords = made.loss_fn, made.names, made.keywords
-
-    def loss_fn(m: torch.nn.Module, *data: torch.Tensor) -> torch.Tensor:
-        args, kwargs = ((), dict(zip(names, data, strict=True))) if keywords else (data, {})
-        return user_loss(m, *args, **kwargs) if user_loss else loss_of(m(*args, **kwargs))
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    return _Case(name, model, optimizer, batch, loss_fn)
-
-
 def _bench_workload(name, device, cost, options, tolerance, report, sums, progress, on_update):
     def add(row: GpuRow) -> None:
         report.rows.append(row)
@@ -279,7 +235,7 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
 
     progress(f"{name}: building on {device}")
     try:
-        case = _build_case(name, device)
+        case = build_case(name, device)
     except Exception as exc:  # noqa: BLE001 - one workload's failure leaves the others' rows
         add(GpuRow(name, "eager", error=_why(exc)))
         return
@@ -298,18 +254,20 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
         report.profiling_s[name] = time.perf_counter() - t0
         _add_op_classes(sums, graph, cost)
     except Exception as exc:  # noqa: BLE001
-        for variant in VARIANTS[1:]:
+        for variant in VARIANTS[1:] + (INDUCTOR_VARIANTS if options.inductor else ()):
             add(GpuRow(name, variant, error=_why(exc)))
         return
     plans = {"program-order": lambda: (ProgramOrder(graph, graph.program_order()), None)}
     for variant, limit in LIMITS.items():
         plans[variant] = lambda limit=limit: _searched(prepared.step, cost, limit, options)
     plans["swap"] = lambda: _swap_heavy(graph, cost)
+    made = {}
     for variant, make in plans.items():
         progress(f"{name}: {variant}")
         row = GpuRow(name, variant, cuda_graph=device.type == "cuda")
         try:
             plan, row.search_s = make()
+            made[variant] = plan
             row.ops, row.stores = _op_counts(plan.graph, plan.order)
             sim = simulate(plan.graph, plan.order, cost)
             row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
@@ -325,6 +283,51 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
             row.error = _why(exc)
         add(row)
         _release(device)
+    if options.inductor:
+        _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, progress)
+
+
+def _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, progress) -> None:
+    """torch.compile's default step, then the program-order and mem-0.5 plans compiled by
+    Inductor: what issue 43 bounds (peak within 2% of the plan's simulated one; with the program
+    order, step time at most 1.05x torch.compile's). No CUDA graphs on either side."""
+    progress(f"{case.name}: torch.compile")
+    row = GpuRow(case.name, "torch.compile")
+    try:
+        compiled = torch.compile(case.model)
+
+        def step(*batch: torch.Tensor) -> torch.Tensor:
+            case.optimizer.zero_grad(set_to_none=True)
+            loss = case.loss_fn(compiled, *batch)
+            loss.backward()
+            case.optimizer.step()
+            return loss.detach()
+
+        row = _verified(row, case, step, meter, tolerance)
+        row = _measured(row, lambda: step(*case.batch), case, meter, options, compiled=True)
+    except Exception as exc:  # noqa: BLE001
+        row.error = _why(exc)
+    add(row)
+    torch._dynamo.reset()  # drop the compiled model's code and guards before the next rows
+    for variant in INDUCTOR_VARIANTS[1:]:
+        progress(f"{case.name}: {variant}")
+        row = GpuRow(case.name, variant)
+        plan = made.get(variant.removeprefix("inductor-"))
+        try:
+            if plan is None:
+                raise MagisError(f"no {variant.removeprefix('inductor-')} plan to compile")
+            row.ops, row.stores = _op_counts(plan.graph, plan.order)
+            sim = simulate(plan.graph, plan.order, cost)
+            row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
+            train_step = prepared.train_step(plan, compiler="inductor")
+            row = _verified(row, case, train_step, meter, tolerance)
+            row = _measured(row, lambda ts=train_step: ts(*case.batch), case, meter, options,
+                            compiled=True)  # fmt: skip
+            del train_step
+        except Exception as exc:  # noqa: BLE001
+            row.error = _why(exc)
+        add(row)
+        _release(meter.device)
 
 
 def _profile(cost: CostModel, graph: Graph) -> None:
@@ -381,7 +384,7 @@ def _op_counts(graph: Graph, order: Sequence[int]) -> tuple[int, int]:
     return ops, stores
 
 
-def _op_workspaces(row: GpuRow, case: _Case, train_step, device: torch.device) -> None:
+def _op_workspaces(row: GpuRow, case: Case, train_step, device: torch.device) -> None:
     """One step of the program run op by op, its largest op scratch recorded (`OpWorkspaces`)."""
     from magis.bench.gpu_measure import OpWorkspaces
 
@@ -394,7 +397,7 @@ def _op_workspaces(row: GpuRow, case: _Case, train_step, device: torch.device) -
     )
 
 
-def _verified(row: GpuRow, case: _Case, train_step, meter: DeviceMeter, tolerance: float):
+def _verified(row: GpuRow, case: Case, train_step, meter: DeviceMeter, tolerance: float):
     """One step of the variant and one eager step from the same state and seed, compared.
 
     The variant is warmed up first (its first call runs the generated code; on a GPU the
@@ -423,15 +426,15 @@ def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return relative_error(actual.detach().cpu(), expected.detach().cpu())
 
 
-def _measured(row: GpuRow, step: Callable[[], object], case: _Case, meter: DeviceMeter,
-              options: GpuBenchOptions, train_step=None) -> GpuRow:  # fmt: skip
+def _measured(row: GpuRow, step: Callable[[], object], case: Case, meter: DeviceMeter,
+              options: GpuBenchOptions, train_step=None, compiled: bool = False) -> GpuRow:  # fmt: skip
     """Warm-up steps, then `steps` timed ones: median time and largest peak."""
     try:
         for _ in range(options.warmup):
             step()
         times, peaks = [], []
         for _ in range(options.steps):
-            seconds, peak = meter.step(step, case.model, case.optimizer, case.batch)
+            seconds, peak = meter.step(step, case.model, case.optimizer, case.batch, compiled)
             times.append(seconds)
             peaks.append(peak)
         captured = getattr(train_step, "captured_peak_bytes", None)

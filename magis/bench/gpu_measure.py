@@ -21,7 +21,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from magis.backend.executor import relative_error
-from magis.backend.memory import LiveBytesTracker
+from magis.backend.memory import LiveBytesTracker, allocated_peak_bytes
+from magis.bench.train import workload_loss
+from magis.capture.building import default_dtype
+from magis.capture.user_model import is_model_file
+from magis.capture.workloads import get_workload
 
 
 def named_step_tensors(
@@ -75,12 +79,20 @@ class DeviceMeter:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         batch: Sequence[torch.Tensor],
+        compiled: bool = False,
     ) -> tuple[float, int]:
+        """`compiled`: the step runs code Inductor generated, whose buffers a CPU's dispatch
+        tracker cannot see: there the peak is the CPU allocator's (`allocated_peak_bytes`, under
+        the profiler, whose overhead the time then includes)."""
         for p in model.parameters():
             p.grad = None
         resident = [*step_tensors(model, optimizer), *batch]
         if self.device.type == "cuda":
             return self._cuda_step(fn, resident_bytes(resident, self.device))
+        if compiled:
+            start = time.perf_counter()
+            peak = allocated_peak_bytes(fn)
+            return time.perf_counter() - start, peak + resident_bytes(resident, self.device)
         tracker = LiveBytesTracker(resident)
         start = time.perf_counter()
         with tracker:
@@ -161,3 +173,57 @@ class OpWorkspaces(TorchDispatchMode):
         if scratch > self.largest_bytes:
             self.largest_bytes, self.largest_op = scratch, str(func)
         return out
+
+
+# --- a workload's model, optimizer and batch on the device ------------------------------------
+
+
+@dataclass
+class Case:
+    """A workload's model, optimizer, batch and loss on the device."""
+
+    name: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: tuple[torch.Tensor, ...]
+    loss_fn: Callable[..., torch.Tensor]
+
+    def eager_step(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model, *self.batch)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+
+def build_case(name: str, device: torch.device) -> Case:
+    if is_model_file(name):
+        return user_case(name, device)
+    wl = get_workload(name)
+    with default_dtype(torch.float32):
+        torch.manual_seed(0)
+        model = wl.build(torch.float32).to(device)
+        batch = tuple(t.to(device) for t in wl.make_inputs(wl.batch))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    return Case(name, model, optimizer, batch, workload_loss(wl))
+
+
+def user_case(name: str, device: torch.device) -> Case:
+    """A model file's `factory()` (`path/to/model.py:factory`), built for real in float32."""
+    from magis.capture.trace import loss_of
+    from magis.capture.user_model import call_factory, check_result, load_factory, parse_spec
+
+    spec = parse_spec(name)
+    made = check_result(
+        spec, call_factory(spec, load_factory(spec), dtype=torch.float32, real=True)
+    )
+    model = made.model.to(device)
+    batch = tuple(t.to(device) for t in made.data)
+    user_loss, names, keywords = made.loss_fn, made.names, made.keywords
+
+    def loss_fn(m: torch.nn.Module, *data: torch.Tensor) -> torch.Tensor:
+        args, kwargs = ((), dict(zip(names, data, strict=True))) if keywords else (data, {})
+        return user_loss(m, *args, **kwargs) if user_loss else loss_of(m(*args, **kwargs))
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    return Case(name, model, optimizer, batch, loss_fn)

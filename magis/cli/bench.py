@@ -424,6 +424,13 @@ def bench_gpu_cmd(
     out: Annotated[
         Path | None, typer.Option("--out", help="Folder for gpu.md and gpu.json.")
     ] = None,
+    inductor: Annotated[
+        bool,
+        typer.Option(
+            "--inductor",
+            help="Also torch.compile, and the program-order and mem-0.5 plans through Inductor.",
+        ),
+    ] = False,
     json_path: JsonOpt = None,
 ) -> None:
     """Plans run on a GPU: eager, program order, mem 0.5, lat 1.10 and a swap-heavy plan, each
@@ -456,7 +463,9 @@ def bench_gpu_cmd(
         if folder is not None:
             (folder / "gpu.md").write_text(format_markdown(report))
 
-    options = GpuBenchOptions(device=device, time_budget=budget, steps=steps, deadline_s=deadline)
+    options = GpuBenchOptions(
+        device=device, time_budget=budget, steps=steps, deadline_s=deadline, inductor=inductor
+    )
     with spinner("bench gpu") as progress:
         report = bench_gpu(workloads, options, progress=progress, on_update=save)
     save(report)
