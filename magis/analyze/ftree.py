@@ -222,6 +222,7 @@ def build_ftree(
     dg = dgraph(graph)
     found: list[FTreeNode] = []
     rejected: list[tuple[str, str]] = []
+    fixed = batch_fixed(graph)  # once: the pieces of every component are cut by it
     for c, verts in enumerate(dg.components()):
         nodes = sorted({int(v) for v in dg.vertex_node[verts]})
         if not hot_nodes.intersection(nodes):
@@ -229,7 +230,7 @@ def build_ftree(
         label = _dim_label(graph, dg, int(verts[0]))
         own = _candidates(graph, c, nodes, hot, max_level, n, label, rejected, hot_entries)
         found.extend(own)
-        found.extend(_entered_pieces(graph, c, nodes, hot, max_level, n, label, own))
+        found.extend(_entered_pieces(graph, c, nodes, hot, max_level, n, label, own, fixed))
     return FTree(nest_by_inclusion(found), tuple(rejected))
 
 
@@ -281,7 +282,7 @@ def _candidates(
     return out
 
 
-def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found) -> list[FTreeNode]:
+def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found, fixed) -> list[FTreeNode]:
     """Our extension to Algorithm 1: the regions of a component entered from the batch at
     several places, which no dominator but the virtual entry covers.
 
@@ -293,8 +294,7 @@ def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found) -> list[FT
     views, a degree normalization), G' falls apart into one piece per layer and direction; each
     piece is offered with Eq. 3 and 4 over it, at the level of its
     normalized score among the pieces (below 1/L: not offered, as in Alg. 1) unless a candidate
-    of Alg. 1 holds it already."""
-    fixed = batch_fixed(graph)
+    of Alg. 1 holds it already. `fixed`: `batch_fixed(graph)`."""
     rest = [v for v in nodes if v not in fixed and not graph.node(v).is_placeholder]
     sub = graph.dag.subgraph([graph.rx_index(v) for v in rest])
     pieces = [sorted(sub[i] for i in part) for part in rx.weakly_connected_components(sub)]
