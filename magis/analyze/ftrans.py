@@ -11,7 +11,9 @@ valid on a graph version and, if so, what splitting means at S's boundary:
   tensor may be sliced for one reader and shared by another (mm(a, a));
 - an output v of S (read outside S, or a graph output) is *concatenated* along the dimension that
   is its split axis, or *summed* when the split axis is a reduce axis of v's call that the call
-  sums over (§4.2: "otherwise reducing them").
+  sums over (§4.2: "otherwise reducing them"), or *accumulated* when v's call adds into one of
+  its arguments (index_add's x: `OpDims.accumulates`): each part's call adds into the previous
+  part's result instead of that argument, the first part's into the argument itself.
 
 Validity (§4.2's three constraints, plus what executing the split needs):
 
@@ -46,6 +48,7 @@ class InputKind(enum.Enum):
 class OutputKind(enum.Enum):
     CONCAT = "concat"
     SUM = "sum"
+    ACCUMULATE = "accumulate"  # parts chained through an argument slot (`OutputMerge.slot`)
 
 
 @dataclass(frozen=True, order=True)
@@ -77,6 +80,7 @@ class Rejected:
 class OutputMerge:
     kind: OutputKind
     dim: int | None  # the concatenation dimension
+    slot: int | None = None  # ACCUMULATE: the argument slot each part reads the last part's in
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,10 @@ def _outputs(graph: Graph, axis_of: dict[int, int]) -> dict[Ref, OutputMerge] | 
         if d is not None:
             merges[ref] = OutputMerge(OutputKind.CONCAT, d)
         elif (ref.index, a) in dims[ref.node].sums:
+            slot = dims[ref.node].accumulated_slot(ref.index)
+            if slot is not None:  # the whole call's additions in its order: any dtype
+                merges[ref] = OutputMerge(OutputKind.ACCUMULATE, None, slot)
+                continue
             if not graph.meta(ref).torch_dtype.is_floating_point:
                 return Rejected(f"{name}'s output {ref.index} would be summed but is not floating")
             merges[ref] = OutputMerge(OutputKind.SUM, None)

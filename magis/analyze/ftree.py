@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import rustworkx as rx
 
 from magis.analyze.dgraph import dgraph, node_dims
 from magis.analyze.dominators import VIRTUAL, DomTree, dominator_tree
@@ -46,7 +47,7 @@ from magis.analyze.ftrans import (
     split_of_component,
     without_input_reductions,
 )
-from magis.ir import Graph, Ref
+from magis.ir import Graph, PlaceholderKind, Ref
 
 DEFAULT_MAX_LEVEL = 4
 
@@ -221,12 +222,15 @@ def build_ftree(
     dg = dgraph(graph)
     found: list[FTreeNode] = []
     rejected: list[tuple[str, str]] = []
+    fixed = batch_fixed(graph)  # once: the pieces of every component are cut by it
     for c, verts in enumerate(dg.components()):
         nodes = sorted({int(v) for v in dg.vertex_node[verts]})
         if not hot_nodes.intersection(nodes):
             continue  # heat 0 everywhere: s_max <= 0 (line 8)
         label = _dim_label(graph, dg, int(verts[0]))
-        found.extend(_candidates(graph, c, nodes, hot, max_level, n, label, rejected, hot_entries))
+        own = _candidates(graph, c, nodes, hot, max_level, n, label, rejected, hot_entries)
+        found.extend(own)
+        found.extend(_entered_pieces(graph, c, nodes, hot, max_level, n, label, own, fixed))
     return FTree(nest_by_inclusion(found), tuple(rejected))
 
 
@@ -276,6 +280,64 @@ def _candidates(
                     )
                 )
     return out
+
+
+def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found, fixed) -> list[FTreeNode]:
+    """Our extension to Algorithm 1: the regions of a component entered from the batch at
+    several places, which no dominator but the virtual entry covers.
+
+    Message passing reads the edge list at both ends of every layer (the sources gathered, the
+    destinations scattered into) and the edge weights in between: in G' each layer's edge ops
+    are dominated by the virtual entry alone, whose S spans every layer and is not convex, so
+    Alg. 1 offers none of them. Taking out, as inputs (never split, as placeholders), the nodes
+    whose values depend on the batch alone (`batch_fixed`: the edge lists' selects, the weights'
+    views, a degree normalization), G' falls apart into one piece per layer and direction; each
+    piece is offered with Eq. 3 and 4 over it, at the level of its
+    normalized score among the pieces (below 1/L: not offered, as in Alg. 1) unless a candidate
+    of Alg. 1 holds it already. `fixed`: `batch_fixed(graph)`."""
+    rest = [v for v in nodes if v not in fixed and not graph.node(v).is_placeholder]
+    sub = graph.dag.subgraph([graph.rx_index(v) for v in rest])
+    pieces = [sorted(sub[i] for i in part) for part in rx.weakly_connected_components(sub)]
+    if len(pieces) < 2:
+        return []  # one piece: the virtual entry's S, less what the batch fixes
+    pieces = [p for p in pieces if not any(set(p) <= x.ftrans.nodes for x in found)]
+    scored = [(_piece_score(graph, p, hot, n), p) for p in sorted(pieces)]
+    s_max = max(sc[1] for sc, _ in scored)
+    out = []
+    for (heat, score), members in scored:
+        level = int(score / s_max * max_level) if s_max > 0 else 0
+        if level < 1:
+            continue
+        info = _checked(graph, members, c, n)
+        if not isinstance(info, Rejected):
+            level = min(level, max_level)
+            out.append(FTreeNode(info.ftrans, info.length, None, c, label, VIRTUAL, level,
+                                 score, heat))  # fmt: skip
+    return out
+
+
+def _piece_score(graph: Graph, members: list[int], hot, n: int) -> tuple[float, float]:
+    """(heat, score) of S = `members` (Eq. 3 and Eq. 4, counted as `get_scores` counts them)."""
+    smap = graph.storages()
+    inside = set(members)
+    heat = float(sum(smap.nbytes[s] for s in hot if s.node in inside))
+    read = {smap.storage_of(r) for v in members for r in graph.node(v).inputs}
+    inputs = sum(
+        float(smap.nbytes[s])
+        for s in read
+        if s.node not in inside and s not in smap.resident and s not in hot
+    )
+    return heat, (1 - 1 / n) * heat - inputs
+
+
+def batch_fixed(graph: Graph) -> frozenset[int]:
+    """The nodes no weight reaches: their values are fixed by the batch (an edge list's selects,
+    edge weights and their views), the same in every layer and every part of a split."""
+    weighted: set[int] = set(graph.placeholders(PlaceholderKind.WEIGHT))
+    for v in graph.topological_order():
+        if v not in weighted and any(u in weighted for u in graph.predecessors(v)):
+            weighted.add(v)
+    return frozenset(v for v in graph.nodes if v not in weighted)
 
 
 def _checked(graph: Graph, members: list[int], c: int, n: int):

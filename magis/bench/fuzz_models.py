@@ -6,7 +6,9 @@ weight update (SGD or Adam) in float64 — assembled from the blocks real models
 linear layers and MLPs, attention written out (three projections, scaled scores, a mask,
 softmax, dropout), batch / layer / group norm, convolutions (strided, grouped, 1x1, on
 channels-last inputs), concatenations, chunks and channel slices, views, transposes, permutes
-and expands, reductions, log-softmax, cross-entropy and MSE losses.
+and expands, reductions, log-softmax, cross-entropy and MSE losses; and every GRAPH_EVERY-th
+model a graph network, message passing over a random edge list in each way graph code scatters
+(`magis.capture.models.gcn.SCATTERS`): fission's split along the edges.
 
 Everything is drawn from one `random.Random`: a seed reproduces a model exactly (its spec, its
 initial weights and its inputs). Sizes are drawn from small even and odd values alike, so that
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from magis.capture import Step, training_step
+from magis.capture.models.gcn import SCATTERS, propagate
 
 SEQUENCE_BLOCKS = (
     "attention",
@@ -52,6 +55,9 @@ IMAGE_BLOCKS = (
     "residual",
 )
 FAMILIES = ("sequence", "image")
+# Model 8, 17, 26 ... of a seed is a graph model; the others are drawn as before it joined, so
+# the reproducers of earlier runs (tests/bench/test_fuzz.py) keep their models.
+GRAPH_EVERY = 9
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,8 @@ class ModelSpec:
 def random_spec(rng: random.Random, index: int = 0) -> ModelSpec:
     """A random model; `index` alternates the family and rotates two blocks every model of its
     family must have, so that a few consecutive models cover every block."""
+    if index % GRAPH_EVERY == GRAPH_EVERY - 1:
+        return _graph_spec(rng, index // GRAPH_EVERY)
     family = FAMILIES[index % 2]
     pool = SEQUENCE_BLOCKS if family == "sequence" else IMAGE_BLOCKS
     first = index // 2 * 2
@@ -97,6 +105,22 @@ def random_spec(rng: random.Random, index: int = 0) -> ModelSpec:
         classes=rng.choice((2, 3, 4)),
         embed=family == "sequence" and rng.random() < 0.3,
         channels_last=family == "image" and rng.random() < 0.5,
+    )
+
+
+def _graph_spec(rng: random.Random, turn: int) -> ModelSpec:
+    """A graph model: `length` nodes, `batch` edges per node, one propagation per block (the
+    `turn`-th scatter of SCATTERS always among them)."""
+    blocks = [SCATTERS[turn % len(SCATTERS)], *rng.choices(SCATTERS, k=rng.randint(0, 1))]
+    return ModelSpec(
+        family="graph",
+        batch=rng.choice((2, 3, 4)),
+        width=rng.choice((4, 6, 3, 5)),
+        length=rng.choice((4, 6, 5, 8)),
+        blocks=tuple(blocks),
+        loss=rng.choice(("cross_entropy", "mse")),
+        optimizer=rng.choice(("sgd", "adam")),
+        classes=rng.choice((2, 3, 4)),
     )
 
 
@@ -358,6 +382,30 @@ class ImageModel(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))  # (batch, classes)
 
 
+class GraphModel(nn.Module):
+    """Node features (nodes, width) through a linear layer and a propagation per block over a
+    fixed random edge list (buffers: the graph is the model's, as in full-graph training)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        w, nodes, edges = spec.width, spec.length, spec.batch * spec.length
+        self.embed = nn.Linear(w, w)
+        self.lins = nn.ModuleList(nn.Linear(w, w) for _ in spec.blocks)
+        self.scatters = spec.blocks
+        self.head = nn.Linear(w, spec.classes)
+        self.register_buffer("edges", torch.randint(0, nodes, (2, edges)))
+        self.register_buffer("weight", torch.rand(edges, dtype=torch.float64))
+
+    def forward(self, x):
+        h = self.embed(x)
+        for lin, how in zip(self.lins, self.scatters, strict=True):
+            h = torch.relu(propagate(lin(h), self.edges, self.weight, how))
+        return self.head(h)  # (nodes, classes)
+
+
+_MODELS = {"sequence": SequenceModel, "image": ImageModel, "graph": GraphModel}
+
+
 def _loss(spec: ModelSpec) -> Callable[..., torch.Tensor]:
     if spec.loss == "cross_entropy":
         return lambda out, x, y: F.cross_entropy(out.reshape(-1, spec.classes), y.reshape(-1))
@@ -366,7 +414,10 @@ def _loss(spec: ModelSpec) -> Callable[..., torch.Tensor]:
 
 def _inputs(spec: ModelSpec, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     b, n, f64 = spec.batch, spec.length, torch.float64
-    if spec.family == "sequence":
+    if spec.family == "graph":
+        x = torch.randn(n, spec.width, generator=gen, dtype=f64)
+        out_shape = (n, spec.classes)
+    elif spec.family == "sequence":
         x = (
             torch.randint(0, 7, (b, n), generator=gen)
             if spec.embed
@@ -388,7 +439,7 @@ def _inputs(spec: ModelSpec, gen: torch.Generator) -> tuple[torch.Tensor, torch.
 def build_model(spec: ModelSpec, seed: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The float64 model of `spec` with weights drawn from `seed`, and its inputs."""
     torch.manual_seed(seed)
-    model = (SequenceModel if spec.family == "sequence" else ImageModel)(spec).double().train()
+    model = _MODELS[spec.family](spec).double().train()
     return model, _inputs(spec, torch.Generator().manual_seed(seed))
 
 

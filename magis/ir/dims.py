@@ -14,7 +14,13 @@ What splitting along an axis means (MAGIS §4.2) is decided here too:
 - when an axis is split, an output containing it is concatenated from the parts; an output in
   `sums` is the sum of the parts (mm's k, the batch of a weight gradient); any other output is
   *blocked*: the parts cannot be merged, so the call may not be split along that axis while that
-  output is used.
+  output is used;
+- an output in `sums` that the call adds *into* one of its arguments (`accumulates`: index_add,
+  scatter_add and index_put with accumulate add the indexed rows to x) would hold that argument
+  once per part if the parts were summed; its parts are chained instead: each part adds into
+  the previous part's result, the first into the argument (the running sum of MAGIS §4.2's
+  "reducing them", with x as its start). The edge dimension of message passing is such an axis:
+  the messages of 1/n of the edges scatter-added into the nodes, n times.
 
 Axes are not declared when splitting would change the result: the normalized dimensions of layer
 norm, the softmax dimension, the window dimensions of convolution and pooling (the paper's
@@ -54,7 +60,9 @@ class OpDims:
     output index) pairs where a positional argument spells an output's shape: it is rewritten
     when the output shrinks (view sizes, expand sizes, bias_sizes ...); an (argument position,
     output index, dimension) triple names an int argument that spells one dimension of it
-    (group norm's N).
+    (group norm's N). `accumulates` holds (output index, argument slot) pairs: the output is
+    the argument plus what the call adds, so its parts along a summed axis are chained through
+    that slot (see the module docstring).
     """
 
     lengths: tuple[int, ...]
@@ -63,6 +71,7 @@ class OpDims:
     sums: frozenset[tuple[int, Axis]] = frozenset()
     generated: frozenset[Axis] = frozenset()
     shape_args: tuple[tuple[int, ...], ...] = ()
+    accumulates: frozenset[tuple[int, int]] = frozenset()
     splittable: frozenset[Axis] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +90,10 @@ class OpDims:
         dims = self.inputs[j]
         return dims.index(axis) if axis in dims else None
 
+    def accumulated_slot(self, k: int) -> int | None:
+        """The argument slot output k adds into (its parts are chained through it), or None."""
+        return next((j for out, j in self.accumulates if out == k), None)
+
 
 Rule = Callable[[tuple, dict, tuple[TensorMeta, ...]], OpDims | None]
 
@@ -97,6 +110,7 @@ class _Builder:
         self.outs = outs
         self.sums: set[tuple[int, Axis]] = set()
         self.generated: set[Axis] = set()
+        self.accumulates: set[tuple[int, int]] = set()
 
     def axis(self, length: int) -> Axis:
         self.lengths.append(int(length))
@@ -124,6 +138,7 @@ class _Builder:
             frozenset(self.sums),
             frozenset(self.generated),
             shape_args,
+            frozenset(self.accumulates),
         )
 
 
@@ -827,14 +842,15 @@ def constant_pad_nd(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> 
 
 def gather(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     """gather(x, dim, index): out has index's shape; dims other than `dim` run through x (where
-    its size agrees), index and out."""
+    its size agrees), index and out; out's `dim` runs along index alone (x read whole there: the
+    rows a part picks may be anywhere in x)."""
     x = args[0]
     dim = _norm(args[1], len(x.shape))
     b = _Builder(outs, _ins(args, kwargs))
     axes = b.out_axes(0)
-    axes[dim] = None
-    b.outputs[0] = list(axes)
-    b.input([a if x.shape[d] == outs[0].shape[d] else None for d, a in enumerate(axes)])
+    b.input(
+        [a if d != dim and x.shape[d] == outs[0].shape[d] else None for d, a in enumerate(axes)]
+    )
     b.input(list(axes))
     return b.build()
 
@@ -842,7 +858,9 @@ def gather(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
 def scatter_add(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     """scatter_add(x, dim, index, src) (gather's backward): out has x's shape; a dim other than
     `dim` runs through x, index, src and out where index and src span all of x there (a shorter
-    index, or a longer src, would pair the wrong rows of a part)."""
+    index, or a longer src, would pair the wrong rows of a part). Index's `dim` (the edges of
+    message passing) is a reduce axis of index and src where they agree in it: the parts are
+    added into x one after the other (`accumulates`)."""
     x, index, src = args[0], args[2], args[3]
     dim = _norm(args[1], len(x.shape))
     b = _Builder(outs, _ins(args, kwargs))
@@ -851,9 +869,21 @@ def scatter_add(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDi
         for d, (a, s) in enumerate(zip(b.out_axes(0), x.shape, strict=True))
     ]
     b.outputs[0] = list(axes)
-    for _ in range(3):  # x, index, src: the same shape outside `dim`
-        b.input(list(axes))
+    b.input(list(axes))
+    edges = list(axes)
+    if len(index.shape) and index.shape[dim] == src.shape[dim]:
+        edges[dim] = _accumulated_axis(b, index.shape[dim])
+    b.input(list(edges))  # index and src: the same shape outside `dim`
+    b.input(list(edges))
     return b.build()
+
+
+def _accumulated_axis(b: _Builder, length: int) -> Axis:
+    """A reduce axis whose parts output 0 adds into argument 0 one after the other."""
+    axis = b.axis(length)
+    b.sums.add((0, axis))
+    b.accumulates.add((0, 0))
+    return axis
 
 
 def repeat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
@@ -870,44 +900,41 @@ def repeat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
 
 def _indexed(x: TensorMeta, indices: list) -> tuple[int, int, tuple[int, ...]] | None:
     """(first indexed dim, how many, the index tensors' shape) of advanced indexing by a list
-    of index tensors and Nones, where the tensors are consecutive and of one shape."""
+    of index tensors and Nones, where the tensors are consecutive, of one shape and not masks
+    (a boolean mask selects a data-dependent number of elements)."""
     picked = [d for d, t in enumerate(indices) if t is not None]
     shapes = {tuple(indices[d].shape) for d in picked}
     if not picked or picked != list(range(picked[0], picked[-1] + 1)) or len(shapes) != 1:
         return None
+    if any(indices[d].dtype == "bool" for d in picked):
+        return None
     return picked[0], len(picked), shapes.pop()
-
-
-def _free_axes(b: _Builder, first: int, rank: int) -> list:
-    """Output 0's axes of an indexing result (x's dims before and after the indexed ones, the
-    index's dims between): the first as x's, the others not splittable."""
-    axes = b.out_axes(0)
-    out = [*axes[:first], *[None] * rank, *axes[first + rank :]]
-    b.outputs[0] = out
-    return out
 
 
 def index(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
     """x[..., idx, ...] (aten.index with index tensors): the dims no index selects run through x
-    and out; the index tensors are read whole."""
+    and out; the index's dims of out run along the index tensors (x read whole in the dims they
+    select: the rows a part picks may be anywhere in x)."""
     x, indices = args[0], list(args[1])
     found = _indexed(x, indices)
     if found is None:
         return None
     first, count, shape = found
     b = _Builder(outs, _ins(args, kwargs))
-    out = _free_axes(b, first, len(shape))
+    out = b.out_axes(0)
     b.input([*out[:first], *[None] * count, *out[first + len(shape) :]])
     for t in indices:
         if t is not None:
-            b.input([None] * len(t.shape))
+            b.input(out[first : first + len(shape)])
     return b.build()
 
 
 def index_put(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
     """index_put(x, indices, values, accumulate) (indexing's backward): out has x's shape; the
     dims no index selects run through x, out and values (aligned from the right where their
-    sizes agree); the index tensors are read whole."""
+    sizes agree). With accumulate, the index tensors' dims are reduce axes of the index tensors
+    and values (where values spans them): the parts are added into x one after the other
+    (`accumulates`); without it, the index tensors are read whole (a later write wins)."""
     x, indices, values = args[0], list(args[1]), args[2]
     found = _indexed(x, indices)
     if found is None:
@@ -918,10 +945,14 @@ def index_put(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims
     free = [None if first <= d < first + count else a for d, a in enumerate(axes)]
     b.outputs[0] = free
     b.input(free)
+    if _option(args, kwargs, 3, "accumulate", False):
+        picked = [_accumulated_axis(b, s) for s in shape]
+    else:
+        picked = [None] * len(shape)
     for t in indices:
         if t is not None:
-            b.input([None] * len(t.shape))
-    full = [*free[:first], *[None] * len(shape), *free[first + count :]]
+            b.input(list(picked))
+    full = [*free[:first], *picked, *free[first + count :]]
     target = (*x.shape[:first], *shape, *x.shape[first + count :])
     off = len(target) - len(values.shape)
     b.input([full[d + off] if off + d >= 0 and values.shape[d] == target[d + off] else None
@@ -930,28 +961,37 @@ def index_put(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims
 
 
 def index_select(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
-    """index_select(x, dim, index): the dims other than `dim` run through x and out."""
-    x = args[0]
+    """index_select(x, dim, index): out[.., i, ..] = x[.., index[i], ..]. The dims other than
+    `dim` run through x and out; out's `dim` runs along index (the edges of message passing,
+    gathering node features per edge), x read whole there: a part's rows may be anywhere."""
+    x, index = args[0], args[2]
     dim = _norm(args[1], len(x.shape))
     b = _Builder(outs, _ins(args, kwargs))
-    axes = [None if d == dim else a for d, a in enumerate(b.out_axes(0))]
-    b.outputs[0] = axes
-    b.input(axes)
-    b.input([None])
+    axes = b.out_axes(0)
+    if not len(x.shape):
+        return b.build()
+    b.input([None if d == dim else a for d, a in enumerate(axes)])
+    b.input([axes[dim]] if len(index.shape) else [])
     return b.build()
 
 
 def index_add(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
-    """index_add(x, dim, index, source) (index_select's backward): out has x's shape; the dims
-    other than `dim` run through x, source and out."""
-    x = args[0]
+    """index_add(x, dim, index, source) (index_select's backward, message passing's scatter):
+    out has x's shape; the dims other than `dim` run through x, source and out. Source's `dim`
+    (the edges) is a reduce axis of index and source: the messages of a part of the edges are
+    added into x, and the parts one after the other (`accumulates`: summing the parts would
+    add x once per part)."""
+    x, index = args[0], args[2]
     dim = _norm(args[1], len(x.shape))
     b = _Builder(outs, _ins(args, kwargs))
     axes = [None if d == dim else a for d, a in enumerate(b.out_axes(0))]
     b.outputs[0] = axes
     b.input(axes)
-    b.input([None])
-    b.input(axes)
+    if not len(x.shape) or not len(index.shape):
+        return b.build()
+    edges = _accumulated_axis(b, index.shape[0])
+    b.input([edges])
+    b.input([edges if d == dim else a for d, a in enumerate(axes)])
     return b.build()
 
 

@@ -10,7 +10,10 @@ it honestly. For each part i (MAGIS §4.2, Fig. 5 (c)):
 - S's nodes are copied in schedule order with their outputs' split dimension divided by n and
   their shape arguments rewritten (view sizes, expand sizes ...: `OpDims.shape_args`);
 - a summed output is accumulated with `aten.add.Tensor` right after each part, so at most the
-  running sum and one part are alive; a concatenated output is `aten.cat`ed after the last part
+  running sum and one part are alive; an accumulated one (index_add's x, `OpDims.accumulates`)
+  is the argument the next part's call adds into, so only the running result is alive (message
+  passing: the nodes receive 1/n of the edges' messages per part); a concatenated output is
+  `aten.cat`ed after the last part
   (all n parts and the result are alive together at that moment: 2|v| for an instant, the price of
   merging without in-place writes).
 
@@ -173,6 +176,7 @@ def _emit_parts(rb: GraphRebuilder, graph: Graph, info: FTransInfo, s_order: lis
         r: [] for r, m in info.outputs.items() if m.kind is OutputKind.CONCAT
     }
     sums: dict[Ref, Ref] = {}
+    carried: dict[tuple[int, int], Ref] = {}  # (node, slot) -> what the next part adds into
     for v in s_order:
         rb.ids[v] = []
     outs = {v: _part_outputs(graph.node(v), dims[v], axis_of[v], f.n) for v in s_order}
@@ -180,10 +184,12 @@ def _emit_parts(rb: GraphRebuilder, graph: Graph, info: FTransInfo, s_order: lis
         local: dict[Ref, Ref] = {}
         sliced: dict[tuple[Ref, int], Ref] = {}
         for v in s_order:
-            _emit_part_node(rb, graph, info, dims[v], v, outs[v], i, local, sliced)
+            _emit_part_node(rb, graph, info, dims[v], v, outs[v], i, local, sliced, carried)
         for ref, merge in info.outputs.items():
             if merge.kind is OutputKind.CONCAT:
                 concat[ref].append(local[ref])
+            elif merge.kind is OutputKind.ACCUMULATE:
+                carried[(ref.node, merge.slot)] = sums[ref] = local[ref]
             elif ref not in sums:
                 sums[ref] = local[ref]
             else:
@@ -208,13 +214,16 @@ def _part_outputs(node, dims, axis, n: int) -> tuple[TensorMeta, ...]:
     )
 
 
-def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced) -> None:
-    """Copy node v for part i: slots read the part's values, slices of sliced inputs, or the
-    shared input; outputs are `outs` (`_part_outputs`); shape arguments follow."""
+def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced, carried) -> None:
+    """Copy node v for part i: slots read the previous part's result where v adds into it
+    (`carried`), the part's values, slices of sliced inputs, or the shared input; outputs are
+    `outs` (`_part_outputs`); shape arguments follow."""
     node = graph.node(v)
     n = info.ftrans.n
 
     def arg(j: int, ref: Ref) -> Ref:
+        if (v, j) in carried:
+            return carried[(v, j)]
         if ref in local:
             return local[ref]
         d = info.slices.get((v, j))

@@ -211,3 +211,42 @@ def test_what_the_relaxation_rules_fuzz_found_stays_fixed(case):
     assert report.cases == (case[2] >= 0), report.to_json()
     assert not report.mismatches and not report.meta_mismatches, report.mismatches
     assert not report.baseline_failures, report.baseline_failures
+
+
+def test_graph_models_split_along_the_edges_and_match_eager():
+    """Every GRAPH_EVERY-th model is message passing (each way of scattering in turn); its
+    F-Tree offers the edge regions, and chains over the graph models find no mismatch."""
+    import torch
+
+    from magis.analyze import build_ftree, node_dims
+    from magis.bench.fuzz_models import GRAPH_EVERY
+    from magis.capture.models.gcn import SCATTERS
+    from magis.rules import prepare
+
+    indices = [GRAPH_EVERY * (k + 1) - 1 for k in range(len(SCATTERS))]
+    specs = [random_spec(random.Random(f"model 0 {i}"), i) for i in indices]
+    assert {s.family for s in specs} == {"graph"}
+    assert {s.blocks[0] for s in specs} == set(SCATTERS)
+    assert random_spec(random.Random("model 0 7"), 7).family == "image"  # the others as before
+    _, step = random_step(0, indices[0])
+    g = prepare(step.graph)
+    dims, tree = node_dims(g), build_ftree(g)
+    scatters = {"aten.index_add.default", "aten.scatter_add.default", "aten.index_put.default"}
+    assert any(
+        g.node(v).op in scatters and dims[v].is_reduce(a)
+        for x in tree.nodes
+        for v, a in x.ftrans.split
+    )
+    fuzzer = Fuzzer(0, all_rules(), get_cost_model("rtx3090"), FuzzReport(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for k, i in enumerate(indices):
+            subject = fuzzer.subject(i)
+            for case in range(8):
+                fuzzer.run_case(subject, 8 * k + case)
+    finally:
+        torch.set_num_threads(threads)
+    report = fuzzer.report
+    assert not report.mismatches and not report.meta_mismatches, report.mismatches
+    assert any(k.startswith("fission:n=") for k in report.rules_covered)
