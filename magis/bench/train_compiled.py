@@ -1,8 +1,8 @@
 """`magis bench train --compiler inductor`: five ways to run one training step (issue 43).
 
-For a workload (a zoo `:small` one on a CPU), the same model, batch and `torch.optim` optimizer
-take steps five ways, each on its own copy of the model, interleaved so that a machine's drift
-falls on all of them alike:
+For a workload (a zoo `:small` one on a CPU, a corpus model, or a user's model file), the same
+model, batch and `torch.optim` optimizer take steps five ways, each on its own copy of the
+model, interleaved so that a machine's drift falls on all of them alike:
 
 * eager: `zero_grad`, forward and loss, `backward`, `optimizer.step()`;
 * torch.compile: the model compiled with default settings (Dynamo, AOTAutograd's min-cut
@@ -37,8 +37,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from magis.backend.memory import allocated_peak_bytes, storage_bytes
+from magis.bench.gpu_measure import user_case
 from magis.bench.train import OPTIMIZERS, workload_loss
 from magis.capture.steps import default_dtype
+from magis.capture.user_model import is_model_file
 from magis.capture.workloads import get_workload
 from magis.train import compile as magis_compile
 from magis.train.compile import rules_without_host_copies
@@ -100,12 +102,7 @@ def bench_train_compiled(
 
 def _bench_one(name, repeats, optimizer, mem_limit, time_budget, warmup, progress):
     start = time.perf_counter()
-    wl = get_workload(name)
-    with default_dtype(wl.dtype):
-        torch.manual_seed(0)
-        model = wl.build()
-        batch = tuple(wl.make_inputs(wl.batch))
-    setup = _Setup(model, batch, workload_loss(wl), OPTIMIZERS[optimizer])
+    setup = training_setup(name, optimizer)
 
     progress(f"{name}: magis search (mem_limit={mem_limit})")
     python_step, peak_python = _magis_step(setup, "python", mem_limit, time_budget)
@@ -149,6 +146,20 @@ def _bench_one(name, repeats, optimizer, mem_limit, time_budget, warmup, progres
         {f"{b:g}": p for b, p in sorted(tried.items())},
         time.perf_counter() - start,
     )
+
+
+def training_setup(name: str, optimizer: str = "adamw") -> _Setup:
+    """A zoo or corpus workload, or a user's model file (`path/to/model.py:factory`, built for
+    real in float32 on the CPU), with the optimizer the five variants each make a copy of."""
+    if is_model_file(name):
+        case = user_case(name, torch.device("cpu"))
+        return _Setup(case.model, case.batch, case.loss_fn, OPTIMIZERS[optimizer])
+    wl = get_workload(name)
+    with default_dtype(wl.dtype):
+        torch.manual_seed(0)
+        model = wl.build()
+        batch = tuple(wl.make_inputs(wl.batch))
+    return _Setup(model, batch, workload_loss(wl), OPTIMIZERS[optimizer])
 
 
 def _fresh(setup: _Setup) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

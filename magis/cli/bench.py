@@ -361,7 +361,11 @@ def _print_fuzz(rep) -> None:
 @bench_app.command("train")
 def bench_train_cmd(
     workloads: Annotated[
-        list[str] | None, typer.Argument(help="Workloads (default: every :small one).")
+        list[str] | None,
+        typer.Argument(
+            help="Workloads (default: every :small one); with --compiler inductor also model "
+            "files (path/to/model.py:factory)."
+        ),
     ] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed steps of each.")] = 5,
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw or sgd.")] = "adamw",
@@ -378,6 +382,7 @@ def bench_train_cmd(
     --compiler inductor the five variants of `magis.bench.train_compiled` (issue 43)."""
     from magis.bench.train import OPTIMIZERS, bench_train
     from magis.capture import get_workload, list_workloads
+    from magis.capture.user_model import is_model_file
     from magis.cli.tables import show_train, show_train_compiled
 
     if optimizer not in OPTIMIZERS:
@@ -386,7 +391,10 @@ def bench_train_cmd(
         raise UsageError(f"--compiler {compiler!r}: choose python or inductor")
     names = workloads or [w.name for w in list_workloads() if w.size == "small"]
     for name in names:
-        get_workload(name)  # an unknown name fails before any timing
+        if not is_model_file(name):
+            get_workload(name)  # an unknown name fails before any timing
+        elif compiler != "inductor":
+            raise UsageError(f"{name}: a model file is benchmarked with --compiler inductor")
     with spinner("bench train") as progress:
         if compiler == "inductor":
             from magis.bench.train_compiled import bench_train_compiled

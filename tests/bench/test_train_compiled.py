@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from magis.backend.memory import LiveBytesTracker, allocated_peak_bytes, storage_bytes
-from magis.bench.train_compiled import BISECTION_STEPS, _chosen, _tune_budget
+from magis.bench.train_compiled import BISECTION_STEPS, _chosen, _tune_budget, training_setup
 
 
 def test_bisection_finds_the_largest_budget_within_the_target():
@@ -51,3 +51,24 @@ def test_the_allocator_peak_agrees_with_the_tracker_on_eager_code():
     # than the tensors the dispatcher hands out.
     total = storage_bytes(resident) + allocated
     assert tracker.peak_bytes <= total <= 1.01 * tracker.peak_bytes, (total, tracker.peak_bytes)
+
+
+def test_a_model_file_is_set_up_as_the_user_built_it(tmp_path):
+    """`magis bench train --compiler inductor path/to/model.py:factory`: the user's model,
+    batch and loss, built for real."""
+    path = tmp_path / "model.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.nn.functional as F\n\n\n"
+        "def factory():\n"
+        "    model = torch.nn.Linear(6, 3)\n"
+        "    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))\n"
+        "    return model, (x, y), lambda m, x, y: F.cross_entropy(m(x), y)\n"
+    )
+    setup = training_setup(f"{path}:factory", "sgd")
+    assert isinstance(setup.model, nn.Linear) and setup.model.weight.device.type == "cpu"
+    x, y = setup.batch
+    assert x.shape == (4, 6) and y.dtype == torch.int64
+    expected = torch.nn.functional.cross_entropy(setup.model(x), y)
+    assert torch.equal(setup.loss_fn(setup.model, *setup.batch), expected)
+    assert isinstance(setup.make_opt(setup.model.parameters()), torch.optim.SGD)
