@@ -29,7 +29,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 
 from magis.capture.step_kinds import DEFAULT_STEP, STEP_NAMES, StepKind
-from magis.cli.exits import check_output_path, deferred_interrupt
+from magis.cli.exits import check_output_path, check_positive, deferred_interrupt
 
 # Output that is not a terminal (a pipe, a CI log) has no width: rich assumes 80 columns, where
 # the wide tables (explain's, bench's) squeeze their text columns to "...". Logs take long
@@ -57,6 +57,17 @@ def _json_path(value: Path | None) -> Path | None:
 JsonOpt = Annotated[
     Path | None,
     typer.Option("--json", help="Write the figures as JSON to PATH.", callback=_json_path),
+]
+
+
+def _budget(value: float) -> float:
+    return check_positive(value, "--time-budget")
+
+
+# a bench's seconds per MAGIS search
+BudgetOpt = Annotated[
+    float,
+    typer.Option("--time-budget", help="Seconds per MAGIS search (> 0).", callback=_budget),
 ]
 HARDWARE_HELP = "rtx3090, a100, h100 (roofline), or cpu, cuda (profiled on this machine)."
 HardwareOpt = Annotated[str, typer.Option("--hardware", "-H", help=HARDWARE_HELP)]
