@@ -49,6 +49,10 @@ class OpInfo:
     # The kernel reads its tensor arguments' memory as dense row-major arrays without looking
     # at their strides (oneDNN's RNN layers): a strided view must be copied before it is passed.
     dense_inputs: bool = False
+    # An argument is another kernel's workspace (oneDNN's LSTM backward reads its forward's):
+    # synthetic inputs made from the metadata (0 bytes) would be read past their end, so the
+    # profiler estimates the op instead of running it.
+    reads_workspace: bool = False
 
     @property
     def sized_by_call(self) -> bool:
@@ -333,6 +337,7 @@ RECURRENT = {
     "mkldnn_rnn_layer_backward": _recurrent_layer_backward,
 }
 RECURRENT_WORKSPACES = {"mkldnn_rnn_layer": _mkldnn_lstm_workspace}
+RECURRENT_WORKSPACE_READERS = ("mkldnn_rnn_layer_backward",)
 
 
 def base_name(op: str) -> str:
@@ -377,7 +382,12 @@ def build_default_registry() -> OpRegistry:
     for name, fn in RECURRENT.items():
         workspace = RECURRENT_WORKSPACES.get(name)
         entries[name] = OpInfo(
-            name, flops=fn, compute_bound=True, workspace=workspace, dense_inputs=True
+            name,
+            flops=fn,
+            compute_bound=True,
+            workspace=workspace,
+            dense_inputs=True,
+            reads_workspace=name in RECURRENT_WORKSPACE_READERS,
         )
     for name in POINTWISE:
         entries.setdefault(name, OpInfo(name, flops=_per_output_element(1)))
