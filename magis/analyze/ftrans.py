@@ -18,7 +18,10 @@ Validity (§4.2's three constraints, plus what executing the split needs):
 1. G[S] is weakly connected;
 2. G[S] is convex: no node outside S is both a descendant and an ancestor of S;
 3. no redundant computation: every node of S has its split axis, and along every edge (u, v)
-   inside S the dimension u passes to v is the one both are split along (a D-edge);
+   inside S the dimension u passes to v is the one both are split along (a D-edge), or u's
+   output is each part's own and v reads it part by part (`OpDims.part_outputs` /
+   `part_inputs`: oneDNN's LSTM workspace, from a forward part to its backward part), both
+   split along one D-Graph dimension; such a slot never reads a value from outside S;
 and: every output of S can be merged (concatenated or summed; a summed value is not read inside
 S), summed outputs are floating point, and the fission number divides the *length* — the gcd of
 the lengths of the split axes and of the sliced input dimensions (a reshape [N, T] -> [N*T] joins
