@@ -32,8 +32,8 @@ from magis.backend import MetaChecker, compile_program, nodes_to_check
 from magis.backend.executor import clone_all, relative_error
 from magis.bench.fuzz_chains import ChainError, ChainState, Start, all_kinds, all_rules, draw_chain
 from magis.bench.fuzz_models import random_step
-from magis.commands.shared import default_tolerance, narrowest_float_dtype
 from magis.capture import Step
+from magis.commands.shared import default_tolerance, narrowest_float_dtype
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph, PlaceholderKind
