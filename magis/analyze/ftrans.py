@@ -20,7 +20,10 @@ Validity (§4.2's three constraints, plus what executing the split needs):
 1. G[S] is weakly connected;
 2. G[S] is convex: no node outside S is both a descendant and an ancestor of S;
 3. no redundant computation: every node of S has its split axis, and along every edge (u, v)
-   inside S the dimension u passes to v is the one both are split along (a D-edge);
+   inside S the dimension u passes to v is the one both are split along (a D-edge), or u's
+   output is each part's own and v reads it part by part (`OpDims.part_outputs` /
+   `part_inputs`: oneDNN's LSTM workspace, from a forward part to its backward part), both
+   split along one D-Graph dimension; such a slot never reads a value from outside S;
 and: every output of S can be merged (concatenated or summed; a summed value is not read inside
 S), summed outputs are floating point, and the fission number divides the *length* — the gcd of
 the lengths of the split axes and of the sliced input dimensions (a reshape [N, T] -> [N*T] joins
@@ -145,6 +148,8 @@ def _inputs(graph: Graph, axis_of: dict[int, int]):
             if ref.node in axis_of:
                 du = dims[ref.node]
                 d = du.output_dim(ref.index, axis_of[ref.node])
+                if d is None and _paired(graph, ref, axis_of, v, j):
+                    continue
                 if d is None:
                     name = graph.node(ref.node).name
                     why = f"{name}'s output {ref.index} is read inside S but is partial"
@@ -155,6 +160,10 @@ def _inputs(graph: Graph, axis_of: dict[int, int]):
                     return {}, {}, [], why
                 continue
             d = dv.input_dim(j, a)
+            if d is None and (j, a) in dv.part_inputs:
+                w = graph.node(v).name
+                why = f"{w} reads a workspace made outside S, which cannot be sliced"
+                return {}, {}, [], why
             if d is None:
                 kinds.setdefault(ref, InputKind.SHARED)
                 continue
@@ -162,6 +171,17 @@ def _inputs(graph: Graph, axis_of: dict[int, int]):
             kinds[ref] = InputKind.SLICED
             lengths.append(graph.meta(ref).shape[d])
     return slices, kinds, lengths, ""
+
+
+def _paired(graph: Graph, ref: Ref, axis_of: dict[int, int], v: int, j: int) -> bool:
+    """Slot j of v reads, part by part, a part's own output of a node in S (a fused kernel's
+    workspace: `OpDims.part_outputs` / `part_inputs`), both split along one D-Graph dimension."""
+    u, dims = ref.node, node_dims(graph)
+    au, av = axis_of[u], axis_of[v]
+    if (ref.index, au) not in dims[u].part_outputs or (j, av) not in dims[v].part_inputs:
+        return False
+    dg = dgraph(graph)
+    return dg.component_of(u, au) == dg.component_of(v, av)
 
 
 def _outputs(graph: Graph, axis_of: dict[int, int]) -> dict[Ref, OutputMerge] | Rejected:
@@ -246,7 +266,7 @@ def without_input_reductions(graph: Graph, f: FTrans) -> FTrans:
         ref.node
         for v in axis_of
         for ref in slot_refs(graph, v)
-        if ref.node in axis_of and dims[ref.node].output_dim(ref.index, axis_of[ref.node]) is None
+        if ref.node in axis_of and not dims[ref.node].carries(ref.index, axis_of[ref.node])
     }
     if not partial:
         return f

@@ -292,7 +292,8 @@ def _signature(graph: Graph, value):
 _STRIDE_READERS = frozenset({"aten.as_strided.default", "aten.as_strided_scatter.default"})
 # Kernels that compute wrong values from a non-contiguous input (PyTorch 2.13, CPU: group
 # norm's backward on a non-contiguous output gradient is off by whole units; found by
-# `magis bench fuzz` after a fission concatenated a gradient along a non-leading dim).
+# `magis bench fuzz` after a fission concatenated a gradient along a non-leading dim), besides
+# those the registry marks (`OpInfo.dense_inputs`: oneDNN's RNN layers).
 _CONTIGUOUS_ONLY = frozenset({"aten.native_group_norm_backward.default"})
 
 
@@ -300,7 +301,7 @@ def _layout_hazard(graph: Graph, node, restrided: set[int]) -> str:
     """Why `node` cannot take its inputs' layouts after a rewrite ('' when it can)."""
     if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
         return "reads the strides of an input whose strides the rewrite changed"
-    if node.op in _CONTIGUOUS_ONLY:
+    if node.op in _CONTIGUOUS_ONLY or graph.registry.lookup(node.op).dense_inputs:
         for ref in node.inputs:
             meta = graph.meta(ref)
             if significant_strides(meta) != significant_strides(replace(meta, strides=None)):

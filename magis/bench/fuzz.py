@@ -33,13 +33,16 @@ from magis.backend.executor import clone_all, relative_error
 from magis.bench.fuzz_chains import ChainError, ChainState, Start, all_kinds, all_rules, draw_chain
 from magis.bench.fuzz_models import random_step
 from magis.capture import Step
+from magis.commands.shared import default_tolerance, narrowest_float_dtype
 from magis.cost import CostModel, get_cost_model
 from magis.errors import MagisError
 from magis.ir import Graph, PlaceholderKind
 from magis.rules import Rule
 
 CHAINS_PER_MODEL = 40  # cases per captured model: a capture costs about as much as 10 cases
-TOLERANCE = 1e-9  # verify's: float64 programs that compute the same thing agree to rounding
+# verify's: float64 programs that compute the same thing agree to rounding; a step with a
+# float32 part (an LSTM block) is held to float32's (`magis.commands.shared.default_tolerance`)
+TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class Subject:
     expected: list[tuple[str, torch.Tensor]]  # outputs, then inputs as the step left them
     rng_seed: int  # torch's RNG seed for both runs: dropout draws the same masks
     start: Start
+    tolerance: float = TOLERANCE  # the relative error allowed: its least precise dtype's
 
 
 def fuzz_inputs(step: Step, seed: int) -> list[torch.Tensor]:
@@ -159,7 +163,8 @@ def make_subject(
     ]
     cost = cost if cost is not None else get_cost_model("rtx3090")
     start = Start(step.graph, cost, checker if checker is not None else MetaChecker())
-    return Subject(index, spec.describe(), step, inputs, expected, seed + index, start)
+    tolerance = default_tolerance(narrowest_float_dtype(step))  # TOLERANCE in float64
+    return Subject(index, spec.describe(), step, inputs, expected, seed + index, start, tolerance)
 
 
 def compare(subject: Subject, graph: Graph, order: Sequence[int]) -> tuple[float, str]:
@@ -211,7 +216,7 @@ class Fuzzer:
             err, worst = compare(subject, graph, graph.program_order())
         except Exception as exc:  # noqa: BLE001 - the capture's bug, reported
             return self._mismatch(subject, -1, (), f"{type(exc).__name__}: {exc}")
-        if not err <= TOLERANCE:
+        if not err <= subject.tolerance:
             return self._mismatch(subject, -1, (), f"{worst} differs by {err:.2e}", err, worst)
         found = self.checker.check_graph(graph)
         if not found.ok:
@@ -255,7 +260,7 @@ class Fuzzer:
             error = f"{worst} differs by {err:.2e}"
         finally:
             self.report.breakdown["run"] += time.perf_counter() - start
-        if not err <= TOLERANCE:
+        if not err <= subject.tolerance:
             mismatch = self._mismatch(subject, case, state.chain, error, err, worst)
             self.report.mismatches.append(mismatch)
 

@@ -9,8 +9,9 @@ is called directly, one call at a time, and the median of a few calls is kept in
 Single calls are timed with the Python-to-ATen dispatch included, not batched: the generated
 program pays the same overhead per op, and on a CPU at small sizes it is most of the time. Each
 timed CPU call follows a few calls of other ops (`Disturbance`), as it does in a program. An op
-that cannot run on synthetic inputs, or whose tensors would not fit in a quarter of the device's
-memory, gets a roofline estimate instead (a generic CPU's; on a GPU the H100 preset's),
+that cannot run on synthetic inputs (or would read a workspace they cannot hold:
+`OpInfo.reads_workspace`), or whose tensors would not fit in a quarter of the device's memory,
+gets a roofline estimate instead (a generic CPU's; on a GPU the H100 preset's),
 remembered like a measurement.
 """
 
@@ -303,6 +304,9 @@ class ProfiledCostModel(CostModel):
         nbytes = bytes_moved(call.info, call.args, call.kwargs, call.outputs)
         if nbytes > self._max_bytes:
             self._fallbacks[call.op] = f"{nbytes} bytes of tensors: too large to run here"
+            return roofline_time(self._fallback, call), ESTIMATED
+        if call.info.reads_workspace:
+            self._fallbacks[call.op] = "reads another kernel's workspace: no synthetic input"
             return roofline_time(self._fallback, call), ESTIMATED
         try:
             seconds = self._measure(call)

@@ -12,9 +12,11 @@ What splitting along an axis means (MAGIS §4.2) is decided here too:
   that run along it, the others whole: every axis some argument runs along, plus the axes a rule
   declares `generated` (expand, zeros, new_ones ...: the output is made smaller by a shape argument);
 - when an axis is split, an output containing it is concatenated from the parts; an output in
-  `sums` is the sum of the parts (mm's k, the batch of a weight gradient); any other output is
-  *blocked*: the parts cannot be merged, so the call may not be split along that axis while that
-  output is used;
+  `sums` is the sum of the parts (mm's k, the batch of a weight gradient); an output in
+  `part_outputs` is each part's own (a fused kernel's workspace, laid out in no sliceable way):
+  it may only pass from a part to the same part of a reader that declares the slot in
+  `part_inputs`, inside one region; any other output is *blocked*: the parts cannot be merged,
+  so the call may not be split along that axis while that output is used;
 - an output in `sums` that the call adds *into* one of its arguments (`accumulates`: index_add,
   scatter_add and index_put with accumulate add the indexed rows to x) would hold that argument
   once per part if the parts were summed; its parts are chained instead: each part adds into
@@ -62,7 +64,9 @@ class OpDims:
     output index, dimension) triple names an int argument that spells one dimension of it
     (group norm's N). `accumulates` holds (output index, argument slot) pairs: the output is
     the argument plus what the call adds, so its parts along a summed axis are chained through
-    that slot (see the module docstring).
+    that slot (see the module docstring). `part_outputs` holds (output, axis) pairs whose parts
+    are each part's own and `part_inputs` (tensor slot, axis) pairs that read such a part (see
+    the module docstring: a workspace made by a forward kernel for its backward).
     """
 
     lengths: tuple[int, ...]
@@ -72,6 +76,8 @@ class OpDims:
     generated: frozenset[Axis] = frozenset()
     shape_args: tuple[tuple[int, ...], ...] = ()
     accumulates: frozenset[tuple[int, int]] = frozenset()
+    part_outputs: frozenset[tuple[int, Axis]] = frozenset()
+    part_inputs: frozenset[tuple[int, Axis]] = frozenset()
     splittable: frozenset[Axis] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +87,11 @@ class OpDims:
     def is_reduce(self, axis: Axis) -> bool:
         """A reduce axis appears in no output (MAGIS §4.1: the vertex <v, -j>)."""
         return not any(axis in dims for dims in self.outputs)
+
+    def carries(self, k: int, axis: Axis) -> bool:
+        """Output k passes the axis on to a reader split along it in the same region: it has a
+        dimension along the axis, or each part's output is that part's own (`part_outputs`)."""
+        return axis in self.outputs[k] or (k, axis) in self.part_outputs
 
     def output_dim(self, k: int, axis: Axis) -> int | None:
         dims = self.outputs[k]
@@ -111,6 +122,8 @@ class _Builder:
         self.sums: set[tuple[int, Axis]] = set()
         self.generated: set[Axis] = set()
         self.accumulates: set[tuple[int, int]] = set()
+        self.part_outputs: set[tuple[int, Axis]] = set()
+        self.part_inputs: set[tuple[int, Axis]] = set()
 
     def axis(self, length: int) -> Axis:
         self.lengths.append(int(length))
@@ -139,6 +152,8 @@ class _Builder:
             frozenset(self.generated),
             shape_args,
             frozenset(self.accumulates),
+            frozenset(self.part_outputs),
+            frozenset(self.part_inputs),
         )
 
 
@@ -1064,6 +1079,120 @@ def native_dropout(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> N
     return None
 
 
+# --- recurrent layers ---------------------------------------------------------------------------
+#
+# nn.GRU on a CPU, and nn.LSTM where oneDNN does not take it (float64), decompose into one cell
+# per time step: the sequence unbound along time, the gates unsafe_split, the steps stacked.
+
+
+def unbind(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """unbind(x, dim) -> one slice per index of dim: the other dims run through x and every
+    output; dim itself is not split (each output is one of its indices)."""
+    x = args[0]
+    dim = _norm(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(x.shape))
+    b = _Builder(outs, _ins(args, kwargs))
+    axes = [None if d == dim else b.axis(s) for d, s in enumerate(x.shape)]
+    kept = axes[:dim] + axes[dim + 1 :]
+    for k in range(len(outs)):
+        b.outputs[k] = list(kept)
+    b.input(axes)
+    return b.build()
+
+
+def stack(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """stack(tensors, dim): the inputs' dims run through the output's other dims; the new
+    dimension is not split (each index is one input)."""
+    ins = tensor_metas(args)
+    out = outs[0]
+    dim = _norm(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(out.shape))
+    b = _Builder(outs, ins)
+    axes = b.out_axes(0)
+    axes[dim] = None
+    b.outputs[0] = list(axes)
+    kept = axes[:dim] + axes[dim + 1 :]
+    for _ in ins:
+        b.input(list(kept))
+    return b.build()
+
+
+# --- fused recurrent layers --------------------------------------------------------------------
+
+
+def _state_dims(t: TensorMeta, n: Axis) -> list[Axis | None]:
+    """A recurrent state, (N, H) or (layers, N, H): the batch is its second-to-last dim."""
+    return [n if d == len(t.shape) - 2 else None for d in range(len(t.shape))]
+
+
+def _sequence_dims(n: Axis) -> list[Axis | None]:
+    """A time-major sequence (T, N, C): the batch is dim 1; time is not split (the recurrence
+    carries each step's state into the next)."""
+    return [None, n, None]
+
+
+def mkldnn_rnn_layer(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims | None:
+    """mkldnn_rnn_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, ...)
+    -> (output, hy, cy, workspace): one layer of nn.LSTM on a CPU (oneDNN). The samples of a
+    batch are independent (MAGIS §4.1: a spatial axis), so N runs through the input (T, N, I,
+    time-major whatever batch_first says), the states and the outputs; the weights are read
+    whole. The workspace (gates and states per step, in oneDNN's own layout) is each part's
+    own, read by the same part of the backward (`part_outputs`). Packed sequences
+    (batch_sizes) have no rule: their batch shrinks step by step."""
+    x, hx = args[0], args[5]
+    if args[8] or not isinstance(hx, TensorMeta):
+        return None
+    b = _Builder(outs, _ins(args, kwargs))
+    n = b.axis(x.shape[1])
+    b.input(_sequence_dims(n))
+    for w in tensor_metas(args[1:5]):
+        b.input([None] * len(w.shape))
+    for state in tensor_metas(args[5:7]):
+        b.input(_state_dims(state, n))
+    b.outputs[0] = _sequence_dims(n)
+    for k in (1, 2):
+        if outs[k].numel:
+            b.outputs[k] = _state_dims(outs[k], n)
+    b.part_outputs.add((3, n))
+    return b.build()
+
+
+_RNN_BACKWARD_SEQUENCES = (0, 7, 10)  # input, output, grad_output
+_RNN_BACKWARD_STATES = (5, 6, 8, 9, 11, 12)  # hx, cx, hy, cy, grad_hy, grad_cy
+_RNN_BACKWARD_WORKSPACE = 22
+
+
+def mkldnn_rnn_layer_backward(
+    args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]
+) -> OpDims | None:
+    """Its backward (input, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output,
+    grad_hy, grad_cy, reverse, mode, ..., batch_sizes, batch_first, workspace) -> (grad_input,
+    grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh, grad_hx, grad_cx): N runs through the
+    sequences, the states, their gradients and the workspace (each part reads its forward
+    part's own); the weight and bias gradients sum over the samples (§4.2: reduced)."""
+    x = args[0]
+    if args[20] or len(args) <= _RNN_BACKWARD_WORKSPACE:
+        return None
+    b = _Builder(outs, _ins(args, kwargs))
+    n = b.axis(x.shape[1])
+    for pos, a in enumerate(args):
+        if not isinstance(a, TensorMeta):
+            continue
+        if pos in _RNN_BACKWARD_SEQUENCES:
+            b.input(_sequence_dims(n))
+        elif pos in _RNN_BACKWARD_STATES:
+            b.input(_state_dims(a, n))
+        else:
+            if pos == _RNN_BACKWARD_WORKSPACE:
+                b.part_inputs.add((len(b.inputs), n))
+            b.input([None] * len(a.shape))
+    if outs[0].numel:
+        b.outputs[0] = _sequence_dims(n)
+    for k in (5, 6):
+        if outs[k].numel:
+            b.outputs[k] = _state_dims(outs[k], n)
+    b.sums.update((k, n) for k in (1, 2, 3, 4))
+    return b.build()
+
+
 # --- the table ---------------------------------------------------------------------------------
 
 POINTWISE_OPS = (
@@ -1155,6 +1284,11 @@ DIM_RULES: Mapping[str, Rule] = MappingProxyType(
         "scatter_add": scatter_add,
         "repeat": repeat,
         "native_dropout": native_dropout,
+        "unbind": unbind,
+        "stack": stack,
+        "unsafe_split": split,
+        "mkldnn_rnn_layer": mkldnn_rnn_layer,
+        "mkldnn_rnn_layer_backward": mkldnn_rnn_layer_backward,
     }
 )
 

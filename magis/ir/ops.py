@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, replace
 from magis.ir.tensor import TensorMeta
 
 FlopsFn = Callable[[tuple, dict, tuple[TensorMeta, ...]], float]
+# (args, kwargs, outs) -> {output index: bytes its storage really holds}, for kernels whose fake
+# (meta) function reports an output smaller than the buffer the real kernel allocates.
+WorkspaceFn = Callable[[tuple, dict, tuple[TensorMeta, ...]], dict[int, int]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,22 @@ class OpInfo:
     # output and then resizes it in place to the reduced shape: its storage keeps the
     # elementwise size (`RESIZED_LOSSES`).
     keeps_elementwise_storage: bool = False
+    # The kernel fills an output with a workspace whose size the fake kernel reports as 0
+    # (oneDNN's LSTM training workspace): its real bytes, from the call's arguments
+    # (`RECURRENT_WORKSPACES`).
+    workspace: WorkspaceFn | None = None
+    # The kernel reads its tensor arguments' memory as dense row-major arrays without looking
+    # at their strides (oneDNN's RNN layers): a strided view must be copied before it is passed.
+    dense_inputs: bool = False
+    # An argument is another kernel's workspace (oneDNN's LSTM backward reads its forward's):
+    # synthetic inputs made from the metadata (0 bytes) would be read past their end, so the
+    # profiler estimates the op instead of running it.
+    reads_workspace: bool = False
+
+    @property
+    def sized_by_call(self) -> bool:
+        """An output's storage may be larger than its metadata says (`storage_bytes`)."""
+        return self.keeps_elementwise_storage or self.workspace is not None
 
 
 def tensor_metas(args: tuple) -> list[TensorMeta]:
@@ -250,6 +269,77 @@ HIDDEN_MUTATIONS = {
 }
 
 
+# --- fused recurrent layers (oneDNN) -----------------------------------------------------------
+#
+# On a CPU, nn.LSTM in float32 or bfloat16 runs one `mkldnn_rnn_layer` per layer and direction
+# (aten/src/ATen/native/mkldnn/RNN.cpp): input (T, N, I) time-major whatever batch_first says,
+# weights (G*H, I) and (G*H, H), states (N, H); G = 4 gates. Its training workspace is a oneDNN
+# buffer the meta function reports as 0 bytes.
+
+
+def _recurrent_sizes(args: tuple) -> tuple[int, int, int, int, int]:
+    """(T, N, I, H, gates x H) of an mkldnn_rnn_layer call or its backward (same first args)."""
+    x, w_ih = args[0], args[1]
+    t, n, i = x.shape
+    gh = w_ih.shape[0]
+    return t, n, i, args[2].shape[1], gh
+
+
+def _recurrent_layer(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    """Every step multiplies the input and the state by the gate weights: 2 T N GH (I + H)."""
+    t, n, i, h, gh = _recurrent_sizes(args)
+    return 2.0 * t * n * gh * (i + h) + 10.0 * t * n * h
+
+
+def _recurrent_layer_backward(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> float:
+    """The gradients of the inputs and of the weights: two forward products' worth."""
+    return 2.0 * _recurrent_layer(args, kwargs, outs)
+
+
+def _good_ld(floats: int) -> int:
+    """oneDNN's leading dimension for f32 workspace rows (rnn_utils get_good_ld): rounded up to
+    64 bytes, and one more 64-byte step when the result is a multiple of 256 (4K aliasing)."""
+    ld = -(-floats // 16) * 16
+    return ld + 16 if ld % 256 == 0 else ld
+
+
+def _pages(nbytes: int) -> int:
+    """oneDNN starts every workspace array on a 4,096-byte page (rnn_utils set_offsets)."""
+    return -(-nbytes // 4096) * 4096
+
+
+def onednn_lstm_workspace_bytes(t: int, n: int, i: int, h: int) -> int:
+    """The workspace `mkldnn_rnn_layer` allocates for one LSTM layer in training (f32).
+
+    oneDNN lays out, each array on its own page: the gates (T x N rows of 4H), the hidden
+    outputs (T x N rows of H), and for (2 layers) x (T + 1) steps x N rows the states, the
+    cell states and their three gradients — three arrays with rows of max(I, H) and two of
+    exactly H. Calibrated against oneDNN 3.12 (PyTorch 2.13's CPU build) on 30 shapes, every
+    byte equal (tests/sim/test_sim_measured.py checks some against the real kernel).
+    """
+    state, rows = _good_ld(max(i, h)), 2 * (t + 1) * n
+    arrays = [t * n * _good_ld(4 * h), t * n * _good_ld(h)]
+    arrays += [rows * state] * 3 + [rows * h] * 2
+    return sum(_pages(4 * a) for a in arrays)
+
+
+def _mkldnn_lstm_workspace(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> dict:
+    """Output 3 of an LSTM (mode 2) mkldnn_rnn_layer in training holds the workspace."""
+    mode, train = args[9], args[15]
+    if mode != 2 or not train:
+        return {}
+    t, n, i, h, _ = _recurrent_sizes(args)
+    return {3: onednn_lstm_workspace_bytes(t, n, i, h)}
+
+
+RECURRENT = {
+    "mkldnn_rnn_layer": _recurrent_layer,
+    "mkldnn_rnn_layer_backward": _recurrent_layer_backward,
+}
+RECURRENT_WORKSPACES = {"mkldnn_rnn_layer": _mkldnn_lstm_workspace}
+RECURRENT_WORKSPACE_READERS = ("mkldnn_rnn_layer_backward",)
+
+
 def base_name(op: str) -> str:
     """'aten.mm.default' -> 'mm'; 'aten.add_.Tensor' -> 'add_'."""
     parts = op.split(".")
@@ -289,6 +379,16 @@ def build_default_registry() -> OpRegistry:
         entries[name] = OpInfo(name, flops=fn, compute_bound=True)
     for name, fn in WEIGHTED.items():
         entries[name] = OpInfo(name, flops=fn, mutates=HIDDEN_MUTATIONS.get(name, ()))
+    for name, fn in RECURRENT.items():
+        workspace = RECURRENT_WORKSPACES.get(name)
+        entries[name] = OpInfo(
+            name,
+            flops=fn,
+            compute_bound=True,
+            workspace=workspace,
+            dense_inputs=True,
+            reads_workspace=name in RECURRENT_WORKSPACE_READERS,
+        )
     for name in POINTWISE:
         entries.setdefault(name, OpInfo(name, flops=_per_output_element(1)))
     for name, positions in HIDDEN_MUTATIONS.items():  # GPU batch norms: no FLOP rule, mutating

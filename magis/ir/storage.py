@@ -8,7 +8,7 @@ from typing import Generic, Protocol, TypeVar
 
 import rustworkx as rx
 
-from magis.ir.node import Node, Ref, refs_in
+from magis.ir.node import Node, Ref, map_refs, refs_in
 from magis.ir.ops import OpInfo, OpRegistry
 from magis.ir.tensor import TensorMeta, broadcast_numel
 
@@ -180,8 +180,10 @@ class StorageMap:
     A view's outputs share the storage of its first tensor argument; an in-place update's output
     shares the storage it writes into; every other output allocates a storage of its own, named
     by the Ref that allocated it, of the output's size (a loss that resizes its elementwise
-    buffer down to the scalar it returns keeps that buffer: `OpInfo.keeps_elementwise_storage`). A storage is live from its allocation until the last reader of
-    any of its aliases has run; storages of placeholders are resident throughout.
+    buffer down to the scalar it returns keeps that buffer: `OpInfo.keeps_elementwise_storage`;
+    a oneDNN LSTM's workspace has its real size: `OpInfo.workspace`). A storage is live from
+    its allocation until the last reader of any of its aliases has run; storages of
+    placeholders are resident throughout.
     """
 
     base: Mapping[Ref, Ref]  # value -> the Ref that allocated its storage
@@ -227,8 +229,8 @@ class StorageMap:
                 else:
                     base[ref] = ref
                     nbytes[ref] = (
-                        _allocated_bytes(nodes, node, i, meta)
-                        if info is not None and info.keeps_elementwise_storage
+                        storage_bytes(nodes, node, info, i, meta)
+                        if info is not None and info.sized_by_call
                         else meta.nbytes
                     )
                     readers[ref] = []
@@ -309,9 +311,7 @@ class StorageMap:
                 else:
                     appended.append(ref)
                 nbytes[ref] = (
-                    _allocated_bytes(nodes, node, i, meta)
-                    if info.keeps_elementwise_storage
-                    else meta.nbytes
+                    storage_bytes(nodes, node, info, i, meta) if info.sized_by_call else meta.nbytes
                 )
                 readers.setdefault(ref, [])
                 if info.host_output:
@@ -390,12 +390,38 @@ def _topological(graph: GraphLike, subset: set[int]) -> list[int]:
     return out
 
 
+def storage_bytes(
+    nodes: Mapping[int, Node], node: Node, info: OpInfo, index: int, meta: TensorMeta
+) -> int:
+    """Bytes of the storage output `index` of `node` allocates: the output's own, or more where
+    the registry says the kernel's buffer is larger than the output's metadata (a resized loss,
+    `OpInfo.keeps_elementwise_storage`; a workspace, `OpInfo.workspace`)."""
+    if info.keeps_elementwise_storage:
+        return _allocated_bytes(nodes, node, index, meta)
+    if info.workspace is not None:
+        return _workspace_bytes(nodes, node, info, index, meta)
+    return meta.nbytes
+
+
+def _workspace_bytes(
+    nodes: Mapping[int, Node], node: Node, info: OpInfo, index: int, meta: TensorMeta
+) -> int:
+    """The real size of a workspace output (`OpInfo.workspace`), from the call's argument
+    metadata; other outputs keep their own size."""
+
+    def meta_of(r: Ref) -> TensorMeta:
+        return nodes[r.node].outputs[r.index]
+
+    args = map_refs(node.args, meta_of)
+    kwargs = {k: map_refs(v, meta_of) for k, v in node.kwargs}
+    return max(meta.nbytes, info.workspace(args, kwargs, node.outputs).get(index, 0))
+
+
 def _allocated_bytes(nodes: Mapping[int, Node], node: Node, index: int, meta: TensorMeta) -> int:
     """Bytes of the storage that output `index` of `node`, an op that resizes a larger buffer
     down to its result (`OpInfo.keeps_elementwise_storage`), allocates: a reducing loss's
     scalar keeps the elementwise loss's storage, the broadcast of its first two arguments,
-    and the dispatch tracker measures it whole. (The check of the flag stays at the callers:
-    a graph's every output passes there.)"""
+    and the dispatch tracker measures it whole (`storage_bytes` checks the flag)."""
     if index or len(node.args) < 2:
         return meta.nbytes
     a, b = node.args[0], node.args[1]

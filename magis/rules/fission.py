@@ -6,7 +6,8 @@ simulator, code generation, execution and verification work on the result unchan
 it honestly. For each part i (MAGIS §4.2, Fig. 5 (c)):
 
 - every sliced input is `aten.slice.Tensor`d along its dimension (a view: no memory), once per
-  part, where the part first reads it; shared inputs are read whole;
+  part, where the part first reads it (and copied to a contiguous tensor for a kernel that
+  ignores strides, `OpInfo.dense_inputs`); shared inputs are read whole;
 - S's nodes are copied in schedule order with their outputs' split dimension divided by n and
   their shape arguments rewritten (view sizes, expand sizes ...: `OpDims.shape_args`);
 - a summed output is accumulated with `aten.add.Tensor` right after each part, so at most the
@@ -221,6 +222,8 @@ def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced, carried) -
     node = graph.node(v)
     n = info.ftrans.n
 
+    dense = graph.info(v).dense_inputs
+
     def arg(j: int, ref: Ref) -> Ref:
         if (v, j) in carried:
             return carried[(v, j)]
@@ -229,9 +232,13 @@ def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced, carried) -
         d = info.slices.get((v, j))
         if d is None:
             return rb.env[ref]
-        if (ref, d) not in sliced:
-            sliced[(ref, d)] = _slice(rb, graph, ref, d, i, n)
-        return sliced[(ref, d)]
+        if (ref, d, False) not in sliced:
+            sliced[(ref, d, False)] = _slice(rb, graph, ref, d, i, n)
+        if not dense or not _strided(graph.meta(ref), d):
+            return sliced[(ref, d, False)]
+        if (ref, d, True) not in sliced:
+            sliced[(ref, d, True)] = _dense_copy(rb, graph, sliced[(ref, d, False)], ref, i, n, d)
+        return sliced[(ref, d, True)]
 
     args, kwargs = map_slots(node, arg)
     args = list(args)
@@ -242,6 +249,25 @@ def _emit_part_node(rb, graph, info, dims, v, outs, i, local, sliced, carried) -
     rb.ids[v].append(new)
     for k in range(len(outs)):
         local[Ref(v, k)] = Ref(new, k)
+
+
+def _strided(meta: TensorMeta, d: int) -> bool:
+    """A slice along dimension d of a dense tensor is strided (not one block of memory) when a
+    dimension before d holds more than one index."""
+    return any(s > 1 for s in meta.shape[:d])
+
+
+def _dense_copy(rb: GraphRebuilder, graph: Graph, part: Ref, ref: Ref, i: int, n: int, d: int):
+    """A contiguous copy of a strided slice, for a kernel that reads its arguments as dense
+    arrays without looking at their strides (`OpInfo.dense_inputs`: oneDNN's RNN layers read a
+    (T, N/n, C) slice's memory as if it were dense, silently wrong). It costs the part's size,
+    which the simulator sees."""
+    meta = graph.meta(ref)
+    out = TensorMeta(split_shape(meta.shape, d, n), meta.dtype, meta.itemsize)
+    name = f"{graph.node(ref.node).name}_dense{i}"
+    return rb.add(
+        name, "aten.clone.default", (part,), (out,), memory_format=torch.contiguous_format
+    )
 
 
 def _slice(rb: GraphRebuilder, graph: Graph, ref: Ref, d: int, i: int, n: int) -> Ref:

@@ -109,9 +109,13 @@ def swappable(graph: Graph, value: Ref) -> bool:
     """Not an input, not a Store/Load's copy, and not a collective's buffer: the collective
     fills it on the communication stream until its `wait_tensor`, so a Store placed after the
     collective would copy it half filled, and a wait on the Loaded copy waits for nothing
-    (c10d's work registry knows the original)."""
+    (c10d's work registry knows the original). Nor a workspace whose metadata is smaller than
+    its storage (`OpInfo.workspace`, oneDNN's LSTM): the Load's copy would be simulated at the
+    metadata's size, 0 bytes, while the real one holds the whole buffer."""
     info = graph.info(value.node)
-    return not (graph.node(value.node).is_placeholder or info.copy_stream or info.comm_stream)
+    if graph.node(value.node).is_placeholder or info.copy_stream or info.comm_stream:
+        return False
+    return info.workspace is None or graph.storages().nbytes[value] == graph.meta(value).nbytes
 
 
 def _swappable_late_reads(ctx: RuleContext) -> Iterator[LateReads]:

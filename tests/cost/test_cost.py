@@ -363,3 +363,16 @@ def test_convolution_backward_costs_its_two_kernels():
     parts = [roofline_time(RTX3090, OpCall(k, call.info)) for k in (dgrad, wgrad)]
     assert roofline_time(RTX3090, call) == pytest.approx(sum(parts))
     assert min(parts) > 0.2 * sum(parts)  # both do real work
+
+
+def test_an_op_reading_another_kernels_workspace_is_estimated_not_run(tmp_path):
+    """oneDNN's LSTM backward reads its forward's workspace, which synthetic inputs made from
+    the metadata (0 bytes) cannot hold: run, it crashed the process; it gets the roofline."""
+    from magis.capture.trace import training_step
+
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(8, 8, batch_first=True)
+    step = training_step(model, (torch.randn(4, 6, 8),), loss_fn=lambda out, x: out[0].sum())
+    profiled_model = profiled(tmp_path)
+    profiled_model.profile_graph(step.graph)
+    assert profiled_model.profile_info().fallbacks == ("aten.mkldnn_rnn_layer_backward.default",)

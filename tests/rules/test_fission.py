@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import rustworkx as rx
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +20,7 @@ from magis.analyze import (
     dgraph,
     dominator_tree,
     get_scores,
+    node_dims,
 )
 from magis.backend import compile_program, measure, verify
 from magis.capture import WORKLOAD_FAMILIES, workload_step
@@ -888,3 +890,181 @@ def test_an_accumulated_scatter_chains_its_parts_through_x(one_thread):
     assert m.node(into[0]).op == "aten.addmm.default"  # ... and part 1 into x itself
     v = verify(step, compile_program(m, order), step.make_inputs(), tolerance=0.0)
     assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+
+
+# --- recurrent layers: oneDNN's fused LSTM, and cells unrolled step by step ----------------------
+
+
+class _RecurrentLM(torch.nn.Module):
+    """An embedding, an LSTM or GRU (batch first) and a linear head: a language model in small."""
+
+    def __init__(self, cell: str = "lstm", layers: int = 2, width: int = 8) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, width)
+        rnn = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell]
+        self.rnn = rnn(width, width, num_layers=layers, batch_first=True)
+        self.head = torch.nn.Linear(width, 20)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.rnn(self.embed(tokens))[0])
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _recurrent_step(cell: str = "lstm", dtype: torch.dtype = torch.float32, layers: int = 2):
+    from magis.capture.trace import training_step
+
+    torch.manual_seed(0)
+    model = _RecurrentLM(cell, layers).to(dtype)
+    batch = (torch.randint(0, 20, (4, 6)), torch.randint(0, 20, (4, 6)))
+    return training_step(model, batch)
+
+
+RNN_LAYER = "aten.mkldnn_rnn_layer.default"
+RNN_LAYER_BACKWARD = "aten.mkldnn_rnn_layer_backward.default"
+F32 = 1e-5  # float32 parts summed in another order: 2e-7 of the loss measured
+
+
+def _rnn_nodes(g: Graph, op: str) -> list[int]:
+    return [v for v in g.program_order() if g.node(v).op == op]
+
+
+def test_lstm_layers_run_fused_in_float32_and_step_by_step_in_float64():
+    """On a CPU nn.LSTM runs oneDNN's fused layer only in float32 (bfloat16): the float64 step
+    unrolls its cells, which the decomposed-cell rules (unbind, stack ...) cover."""
+    g = _recurrent_step().graph
+    f32 = {g.node(v).op for v in g.ops()}
+    f64 = _recurrent_step(dtype=torch.float64).graph
+    assert {RNN_LAYER, RNN_LAYER_BACKWARD} <= f32
+    assert not any("rnn" in f64.node(v).op for v in f64.ops())
+    assert {"aten.unbind.int", "aten.stack.default"} <= {f64.node(v).op for v in f64.ops()}
+
+
+def test_lstm_layer_rules_split_the_batch_and_sum_the_weight_gradients():
+    """MAGIS §4.1 for the fused layer: N runs through input (T, N, I), states and outputs; the
+    weights are read whole; the backward's weight and bias gradients sum over N; the
+    workspace is each part's own (forward output 3, backward argument 22)."""
+    g = prepare(_recurrent_step().graph)
+    dims = node_dims(g)
+    fwd, bwd = _rnn_nodes(g, RNN_LAYER)[0], _rnn_nodes(g, RNN_LAYER_BACKWARD)[-1]
+    (n,) = dims[fwd].splittable
+    assert dims[fwd].outputs[:3] == ((None, n, None), (n, None), (n, None))
+    assert dims[fwd].inputs[1:5] == ((None, None),) * 2 + ((None,),) * 2
+    assert dims[fwd].part_outputs == {(3, n)} and dims[fwd].carries(3, n)
+    (nb,) = dims[bwd].splittable
+    assert dims[bwd].sums == {(k, nb) for k in (1, 2, 3, 4)}
+    assert dims[bwd].part_inputs == {(len(dims[bwd].inputs) - 1, nb)}
+
+
+def _cut(args: tuple, dims, axis: int, half: slice) -> list:
+    """A call's arguments for one half of `axis`: each tensor argument that runs along it
+    sliced (contiguous, as the kernel needs), the others whole."""
+    tensors = iter(range(len(args)))
+    out = []
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            d = dims.input_dim(next(tensors), axis)
+            x = x if d is None else x[(slice(None),) * d + (half,)].contiguous()
+        out.append(x)
+    return out
+
+
+def test_lstm_layer_parts_with_their_own_workspaces_equal_the_whole_call(one_thread):
+    """The rules on real calls: each half of the batch through the forward, then through the
+    backward with its own forward part's workspace; concatenated and summed as the rules say,
+    the parts equal the whole layer's outputs and gradients."""
+    cases = {c[1].__name__: c for c in _call_cases(_recurrent_step(layers=1))}
+    _, fwd, args, kwargs, fwd_out, fdims = cases["mkldnn_rnn_layer.default"]
+    _, bwd, bargs, _, bwd_out, bdims = cases["mkldnn_rnn_layer_backward.default"]
+    (n,), (nb,) = fdims.splittable, bdims.splittable
+    parts = []
+    for half in (slice(0, 2), slice(2, 4)):
+        out = fwd(*_cut(args, fdims, n, half), **kwargs)
+        b = _cut(bargs, bdims, nb, half)
+        b[22] = out[3]  # the workspace: this part's own, not a slice of the whole one
+        parts.append((out, bwd(*b)))
+    for k in range(3):
+        got = torch.cat([p[0][k] for p in parts], fdims.output_dim(k, n))
+        torch.testing.assert_close(got, fwd_out[k])
+    for k, want in enumerate(bwd_out):
+        d = bdims.output_dim(k, nb)
+        pieces = [p[1][k] for p in parts]
+        got = torch.cat(pieces, d) if d is not None else pieces[0] + pieces[1]
+        torch.testing.assert_close(got, want, msg=f"gradient {k}")
+
+
+def test_an_lstm_step_splits_whole_along_the_batch_and_verifies(one_thread):
+    """Forward, loss and backward of both fused layers in one region (each backward part reading
+    its forward part's workspace), n = 2: float32's tolerance against eager, and the simulated
+    peak, workspaces included, is the measured one."""
+    step = _recurrent_step()
+    g = prepare(step.graph)
+    tree = build_ftree(g)
+    i = max(range(len(tree)), key=lambda k: tree.nodes[k].size)
+    ops = {g.node(v).op for v in tree.nodes[i].ftrans.nodes}
+    assert {RNN_LAYER, RNN_LAYER_BACKWARD} <= ops
+    m = materialize(g, tree.with_n(i, 2))
+    assert len(_rnn_nodes(m.graph, RNN_LAYER_BACKWARD)) == 4
+    program, inputs = compile_program(m.graph, m.order), step.make_inputs()
+    v = verify(step, program, inputs, tolerance=F32)
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+    measured = measure(program, step.program_inputs(inputs), repeats=1, warmup=0).peak_bytes
+    assert simulate(m.graph, m.order, UnitCostModel()).peak_bytes == measured
+
+
+def _second_layer_region(g: Graph) -> FTrans:
+    """The batch split of the second layer only: its forward to its backward, so the first
+    layer's output (T, N, H) enters sliced along N, a strided slice."""
+    from magis.analyze.ftrans import split_of_component
+
+    fwd, bwd = _rnn_nodes(g, RNN_LAYER)[1], _rnn_nodes(g, RNN_LAYER_BACKWARD)[0]
+    after = set(rx.descendants(g.dag, g.rx_index(fwd))) | {g.rx_index(fwd)}
+    before = set(rx.ancestors(g.dag, g.rx_index(bwd))) | {g.rx_index(bwd)}
+    dims, dg = node_dims(g), dgraph(g)
+    comp = dg.component_of(fwd, next(iter(dims[fwd].splittable)))
+    nodes = [
+        g.dag[i]
+        for i in after & before
+        if g.dag[i] in dims
+        and any(dg.component_of(g.dag[i], a) == comp for a in dims[g.dag[i]].splittable)
+    ]
+    return split_of_component(g, nodes, comp)
+
+
+def test_a_strided_batch_slice_reaches_the_fused_layer_as_a_contiguous_copy(one_thread):
+    """oneDNN reads (T, N/2, H) as if it were dense: a slice of the batch, strided, would give
+    wrong values silently; fission copies it first (`OpInfo.dense_inputs`) and the program
+    runs as eager does."""
+    step = _recurrent_step()
+    g = prepare(step.graph)
+    f = _second_layer_region(g)
+    info = check(g, FTrans(f.split, 2))
+    assert info, info
+    split = split_graph(g, info, g.program_order())
+    copies = [
+        v for v in split.graph.ops() if split.graph.node(v).name.endswith(("_dense0", "_dense1"))
+    ]
+    assert copies and all(split.graph.node(v).op == "aten.clone.default" for v in copies)
+    order = split.graph.program_order()
+    v = verify(step, compile_program(split.graph, order), step.make_inputs(), tolerance=F32)
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+
+
+def test_a_workspace_made_outside_the_region_is_refused():
+    """A backward split without its forward would read the whole batch's workspace in every
+    part: refused, as is a forward split whose workspace a whole backward reads."""
+    g = prepare(_recurrent_step(layers=1).graph)
+    dims = node_dims(g)
+    (fwd,), (bwd,) = _rnn_nodes(g, RNN_LAYER), _rnn_nodes(g, RNN_LAYER_BACKWARD)
+    alone = check(g, FTrans(((bwd, next(iter(dims[bwd].splittable))),), 2))
+    assert not alone and "workspace" in alone.reason
+    forward = check(g, FTrans(((fwd, next(iter(dims[fwd].splittable))),), 2))
+    assert not forward and "output 3" in forward.reason
+
+
+def test_unrolled_gru_cells_split_as_their_rules_say(one_thread):
+    """nn.GRU on a CPU (and nn.LSTM in float64) runs cell by cell: unbind along time, the gates
+    unsafe_split, the steps stacked; each call's halves along the batch equal the whole."""
+    cases = _call_cases(_recurrent_step("gru", torch.float64, layers=1))
+    new = [c for c in cases if c[1].__name__.split(".")[0] in ("unbind", "stack", "unsafe_split")]
+    assert {c[1].__name__.split(".")[0] for c in new} == {"unbind", "stack", "unsafe_split"}
+    assert _checked_splits(new) >= 6

@@ -67,3 +67,20 @@ def test_copies_overlap_compute_on_a_gpu_but_not_on_a_cpu():
     assert not cpu.copies_overlap and gpu.copies_overlap
     serial = simulate(graph, new_order, cpu)
     assert serial.latency_s == serial.compute_s + serial.copy_s
+
+
+def test_a_workspace_larger_than_its_metadata_is_not_swapped():
+    """oneDNN's LSTM workspace is 0 bytes by its metadata and 28 KiB by its storage: a Load
+    would be simulated at 0 bytes while the real copy holds it all, so it is not swapped; the
+    layer's output, an ordinary tensor, is."""
+    from magis.capture.trace import training_step
+    from magis.rules.swap import swappable
+
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(8, 8, batch_first=True)
+    step = training_step(model, (torch.randn(4, 6, 8),), loss_fn=lambda out, x: out[0].sum())
+    g = step.graph
+    (layer,) = [v for v in g.ops() if g.node(v).op == "aten.mkldnn_rnn_layer.default"]
+    assert g.meta(Ref(layer, 3)).nbytes == 0 and g.storages().nbytes[Ref(layer, 3)] > 0
+    assert not swappable(g, Ref(layer, 3))
+    assert swappable(g, Ref(layer, 0))
