@@ -38,3 +38,53 @@ def test_a_ddp_job_all_reduces_and_a_bad_kind_is_one_line():
         PlannedJob("zero", 8)
     with pytest.raises(ParallelError, match="world size 0: a job has at least one rank"):
         PlannedJob("fsdp", 0)
+
+
+def _collectives_deferred(graph, ops: set[str]) -> list[int]:
+    """The program order with every collective of `ops` (and what waits on it) issued as late as
+    its readers allow: the order a scheduler blind to the communication stream may make."""
+    from magis.sim import tables
+
+    held = {v for v in tables(graph).comm_nodes if graph.node(v).op in ops}
+    order, placed = [], set()
+
+    def emit(v: int) -> None:
+        for p in graph.predecessors(v):
+            if p in held and p not in placed:
+                emit(p)
+        order.append(v)
+        placed.add(v)
+
+    for v in graph.program_order():
+        if v not in held:
+            emit(v)
+    for v in graph.program_order():
+        if v not in placed:
+            emit(v)
+    return order
+
+
+def test_the_search_starts_from_fsdp2s_order_where_it_dominates_the_dp_order():
+    """Issue 44: re-ordering is free on one stream (MAGIS §5.2), not with collectives on their
+    own. An order that keeps the peak and loses the reduce-scatters' overlap is not the start;
+    one with a lower peak is."""
+    from magis.cost import get_cost_model
+    from magis.cost.links import Interconnect, get_link
+    from magis.search.initial import starting_order
+    from magis.search.options import MemoryFigure
+    from magis.sim import simulate
+
+    _, step = workload_step("corpus:llama:tiny", float64_when_tiny=True, job=PlannedJob("fsdp", 8))
+    graph = step.graph
+    cost = get_cost_model("h100").with_interconnect(Interconnect(get_link("nvlink"), 8))
+    program = simulate(graph, graph.program_order(), cost)
+    slower = _collectives_deferred(graph, {REDUCE_SCATTER_OP})
+    late = simulate(graph, slower, cost)
+    assert late.peak_bytes == program.peak_bytes and late.latency_s > program.latency_s
+    theoretical = MemoryFigure.THEORETICAL
+    assert list(starting_order(graph, cost, slower, theoretical)) == graph.program_order()
+    leaner = _collectives_deferred(
+        graph, {ALL_GATHER_OP, REDUCE_SCATTER_OP}
+    )  # gathered weights live shorter
+    assert simulate(graph, leaner, cost).peak_bytes < program.peak_bytes
+    assert list(starting_order(graph, cost, leaner, theoretical)) == leaner
