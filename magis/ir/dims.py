@@ -656,15 +656,22 @@ def squeeze(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     return b.build()
 
 
-def cat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
-    """cat(tensors, dim): every other dim runs through all inputs; the cat dim is not split."""
+def _joined(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]):
+    """(tensors, builder, output axes, dim) of cat or stack: the joined dimension of the output
+    is no axis (each of its indices comes from one input)."""
     ins = tensor_metas(args)
-    out = outs[0]
-    dim = _norm(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(out.shape))
+    dim = _norm(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(outs[0].shape))
     b = _Builder(outs, ins)
     axes = b.out_axes(0)
     axes[dim] = None
     b.outputs[0] = list(axes)
+    return ins, b, axes, dim
+
+
+def cat(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
+    """cat(tensors, dim): every other dim runs through all inputs; the cat dim is not split."""
+    ins, b, axes, dim = _joined(args, kwargs, outs)
+    out = outs[0]
     for t in ins:
         if len(t.shape) != len(out.shape):  # legacy empty tensors
             b.input([None] * len(t.shape))
@@ -1102,13 +1109,7 @@ def unbind(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
 def stack(args: tuple, kwargs: dict, outs: tuple[TensorMeta, ...]) -> OpDims:
     """stack(tensors, dim): the inputs' dims run through the output's other dims; the new
     dimension is not split (each index is one input)."""
-    ins = tensor_metas(args)
-    out = outs[0]
-    dim = _norm(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(out.shape))
-    b = _Builder(outs, ins)
-    axes = b.out_axes(0)
-    axes[dim] = None
-    b.outputs[0] = list(axes)
+    ins, b, axes, dim = _joined(args, kwargs, outs)
     kept = axes[:dim] + axes[dim + 1 :]
     for _ in ins:
         b.input(list(kept))
