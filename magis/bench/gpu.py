@@ -11,8 +11,11 @@ For each workload, one model and one `torch.optim.AdamW` on the device take step
 
 With `inductor` (`--inductor`; issue 43), three more: `torch.compile` (the model compiled with
 default settings, the optimizer's step eager), and `inductor-program-order` and
-`inductor-mem-0.5`: those two plans compiled by Inductor. Their peaks on a CPU are the
-allocator's (Inductor's buffers bypass the dispatcher).
+`inductor-mem-0.5`: those two plans compiled by Inductor. Compiled rows verify to
+`COMPILED_TOLERANCE`, torch.compile's with eager's random numbers
+(`fallback_random`, as magis's segments). Their peaks on a CPU are the allocator's (Inductor's
+buffers bypass the dispatcher), which also holds a plan's Store copies there: a CPU's "host"
+is the same memory.
 
 Each magis variant is a `TrainStep` (on a GPU replayed as a CUDA graph, `magis.train.cuda_graph`)
 on the same model and optimizer, so all five hold the same weights and optimizer state; one
@@ -61,6 +64,13 @@ VARIANTS: tuple[str, ...] = ("eager", "program-order", "mem-0.5", "lat-1.10", "s
 INDUCTOR_VARIANTS: tuple[str, ...] = ("torch.compile", "inductor-program-order", "inductor-mem-0.5")
 GPU_WORKLOADS: tuple[str, ...] = ("bert-base", "resnet50", "unet", "corpus:gpt2")
 CPU_WORKLOADS: tuple[str, ...] = ("bert-base:tiny", "resnet50:tiny", "unet:tiny")
+# Compiled rows verify to 1e-2: Inductor's fused kernels sum float32 in another order, and
+# AdamW turns the rounding noise of a gradient that is zero in exact arithmetic (a key
+# projection's bias under softmax) into a whole step: on a tiny ALBERT (CPU) the key bias
+# differed from eager's by 3.2e-3 (relative) through torch.compile itself and 6.3e-3 through a
+# plan, where loss and moments agreed to 1e-6. Exactness is checked in float64
+# (tests/train/test_inductor.py: 1e-9).
+COMPILED_TOLERANCE = 1e-2
 LIMITS = {"mem-0.5": {"mem_limit": 0.5}, "lat-1.10": {"lat_limit": 1.10}}
 
 
@@ -293,20 +303,10 @@ def _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, 
     order, step time at most 1.05x torch.compile's). No CUDA graphs on either side."""
     progress(f"{case.name}: torch.compile")
     row = GpuRow(case.name, "torch.compile")
-    try:
-        compiled = torch.compile(case.model)
-
-        def step(*batch: torch.Tensor) -> torch.Tensor:
-            case.optimizer.zero_grad(set_to_none=True)
-            loss = case.loss_fn(compiled, *batch)
-            loss.backward()
-            case.optimizer.step()
-            return loss.detach()
-
-        row = _verified(row, case, step, meter, tolerance)
-        row = _measured(row, lambda: step(*case.batch), case, meter, options, compiled=True)
-    except Exception as exc:  # noqa: BLE001
-        row.error = _why(exc)
+    # random ops draw eager's numbers, as in magis's Inductor segments (`fx_export`): without
+    # it a dropout's mask is Inductor's own and no step could verify against eager's
+    with torch._inductor.config.patch(fallback_random=True):
+        _torch_compile_row(row, case, meter, options, tolerance)
     add(row)
     torch._dynamo.reset()  # drop the compiled model's code and guards before the next rows
     for variant in INDUCTOR_VARIANTS[1:]:
@@ -320,7 +320,7 @@ def _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, 
             sim = simulate(plan.graph, plan.order, cost)
             row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
             train_step = prepared.train_step(plan, compiler="inductor")
-            row = _verified(row, case, train_step, meter, tolerance)
+            row = _verified(row, case, train_step, meter, max(tolerance, COMPILED_TOLERANCE))
             row = _measured(row, lambda ts=train_step: ts(*case.batch), case, meter, options,
                             compiled=True)  # fmt: skip
             del train_step
@@ -328,6 +328,24 @@ def _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, 
             row.error = _why(exc)
         add(row)
         _release(meter.device)
+
+
+def _torch_compile_row(row: GpuRow, case: Case, meter: DeviceMeter, options, tolerance) -> None:
+    """torch.compile(model) in the user's loop, verified and measured into `row`."""
+    try:
+        compiled = torch.compile(case.model)
+
+        def step(*batch: torch.Tensor) -> torch.Tensor:
+            case.optimizer.zero_grad(set_to_none=True)
+            loss = case.loss_fn(compiled, *batch)
+            loss.backward()
+            case.optimizer.step()
+            return loss.detach()
+
+        _verified(row, case, step, meter, max(tolerance, COMPILED_TOLERANCE))
+        _measured(row, lambda: step(*case.batch), case, meter, options, compiled=True)
+    except Exception as exc:  # noqa: BLE001
+        row.error = _why(exc)
 
 
 def _profile(cost: CostModel, graph: Graph) -> None:
