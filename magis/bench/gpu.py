@@ -277,7 +277,7 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
         row = GpuRow(name, variant, cuda_graph=device.type == "cuda")
         try:
             plan, row.search_s = make()
-            made[variant] = plan
+            made[variant] = (plan, row)  # the Inductor rows run the plan again: its figures too
             row.ops, row.stores = _op_counts(plan.graph, plan.order)
             sim = simulate(plan.graph, plan.order, cost)
             row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
@@ -294,10 +294,10 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
         add(row)
         _release(device)
     if options.inductor:
-        _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, progress)
+        _bench_inductor(case, prepared, made, meter, options, tolerance, add, progress)
 
 
-def _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, progress) -> None:
+def _bench_inductor(case, prepared, made, meter, options, tolerance, add, progress) -> None:
     """torch.compile's default step, then the program-order and mem-0.5 plans compiled by
     Inductor: what issue 43 bounds (peak within 2% of the plan's simulated one; with the program
     order, step time at most 1.05x torch.compile's). No CUDA graphs on either side."""
@@ -312,13 +312,14 @@ def _bench_inductor(case, prepared, made, cost, meter, options, tolerance, add, 
     for variant in INDUCTOR_VARIANTS[1:]:
         progress(f"{case.name}: {variant}")
         row = GpuRow(case.name, variant)
-        plan = made.get(variant.removeprefix("inductor-"))
+        source = variant.removeprefix("inductor-")
         try:
-            if plan is None:
-                raise MagisError(f"no {variant.removeprefix('inductor-')} plan to compile")
-            row.ops, row.stores = _op_counts(plan.graph, plan.order)
-            sim = simulate(plan.graph, plan.order, cost)
-            row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
+            if source not in made:
+                raise MagisError(f"no {source} plan to compile")
+            plan, planned = made[source]
+            row.ops, row.stores = planned.ops, planned.stores
+            row.simulated_peak_bytes = planned.simulated_peak_bytes
+            row.simulated_latency_s = planned.simulated_latency_s
             train_step = prepared.train_step(plan, compiler="inductor")
             row = _verified(row, case, train_step, meter, max(tolerance, COMPILED_TOLERANCE))
             row = _measured(row, lambda ts=train_step: ts(*case.batch), case, meter, options,
@@ -335,12 +336,8 @@ def _torch_compile_row(row: GpuRow, case: Case, meter: DeviceMeter, options, tol
     try:
         compiled = torch.compile(case.model)
 
-        def step(*batch: torch.Tensor) -> torch.Tensor:
-            case.optimizer.zero_grad(set_to_none=True)
-            loss = case.loss_fn(compiled, *batch)
-            loss.backward()
-            case.optimizer.step()
-            return loss.detach()
+        def step(*_batch: torch.Tensor) -> torch.Tensor:  # the case's batch, as the others'
+            return case.loop_step(compiled)
 
         _verified(row, case, step, meter, max(tolerance, COMPILED_TOLERANCE))
         _measured(row, lambda: step(*case.batch), case, meter, options, compiled=True)

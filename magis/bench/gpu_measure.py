@@ -189,8 +189,13 @@ class Case:
     loss_fn: Callable[..., torch.Tensor]
 
     def eager_step(self) -> torch.Tensor:
+        return self.loop_step(self.model)
+
+    def loop_step(self, module: torch.nn.Module) -> torch.Tensor:
+        """One step of the user's loop through `module` (the model, or torch.compile's wrapper
+        of it): `zero_grad`, forward and loss, `backward`, `optimizer.step()`."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model, *self.batch)
+        loss = self.loss_fn(module, *self.batch)
         loss.backward()
         self.optimizer.step()
         return loss.detach()
