@@ -16,6 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from magis.cost import allocator
+
 
 @dataclass
 class _Counter:
@@ -93,23 +95,14 @@ class LiveBytesTracker(TorchDispatchMode):
 
 
 def allocated_peak_bytes(fn: Callable[[], object]) -> int:
-    """The most bytes the CPU allocator held at once during `fn()`, above what it held before:
-    every allocation and free c10's allocator reports to the profiler (`profile_memory=True`),
-    those of code that allocates outside the dispatcher included (Inductor's generated
-    `empty_strided_cpu`, which `LiveBytesTracker` cannot see; Dynamo also runs a compiled
-    function eagerly under a dispatch mode). On eager code it counts what the tracker counts,
-    and what kernels allocate for themselves besides (an MLP's forward and backward: the same
-    12,603,416 bytes; a smaller one's: 4 KiB more, `tests/bench/test_train_compiled.py`)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    current = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        current += event.nbytes()
-        peak = max(peak, current)
-    return peak
+    """The most bytes the CPU allocator held at once during `fn()`, above what it held before
+    (`magis.cost.allocator`): those of code that allocates outside the dispatcher included
+    (Inductor's generated `empty_strided_cpu`, which `LiveBytesTracker` cannot see; Dynamo also
+    runs a compiled function eagerly under a dispatch mode). On eager code it counts what the
+    tracker counts, and what kernels allocate for themselves besides (an MLP's forward and
+    backward: the same 12,603,416 bytes; a smaller one's: 4 KiB more,
+    `tests/bench/test_train_compiled.py`)."""
+    return allocator.allocated_peak_bytes(fn)
 
 
 def storage_bytes(tensors: Sequence[torch.Tensor]) -> int:

@@ -56,7 +56,7 @@ from magis.cost import HARDWARE_PRESETS, CostModel, get_cost_model
 from magis.cost.op_classes import OP_CLASSES, op_class
 from magis.errors import MagisError, exception_line
 from magis.ir import Graph
-from magis.sim import simulate
+from magis.sim import simulate, tensor_peak_bytes
 
 VARIANTS: tuple[str, ...] = ("eager", "program-order", "mem-0.5", "lat-1.10", "swap")
 # with --inductor (issue 43): torch.compile's own step, and two of the plans above compiled by
@@ -88,8 +88,8 @@ class GpuRow:
     simulated_peak_bytes: int | None = None
     step_s: float | None = None
     simulated_latency_s: float | None = None
-    # the simulated peak with each op's scratch (cuDNN workspaces) added at its step (GPU)
-    simulated_scratch_peak_bytes: int | None = None
+    # the simulated peak of the tensors alone: `simulated_peak_bytes` less the ops' scratch
+    simulated_tensor_peak_bytes: int | None = None
     verified: bool | None = None
     max_rel_err: float | None = None
     errors: dict[str, list] = field(default_factory=dict)  # kind -> [max rel err, tensor]
@@ -97,7 +97,7 @@ class GpuRow:
     stores: int = 0  # Store ops (host offloads) in its program
     cuda_graph: bool = False
     search_s: float | None = None  # the search's (or the peer's) seconds
-    largest_workspace_bytes: int | None = None  # an op's scratch, unseen by the simulator (GPU)
+    largest_workspace_bytes: int | None = None  # the largest scratch of an op run (GPU)
     largest_workspace_op: str | None = None
     error: str | None = None  # why the variant has no figures
 
@@ -281,7 +281,7 @@ def _bench_workload(name, device, cost, options, tolerance, report, sums, progre
             row.ops, row.stores = _op_counts(plan.graph, plan.order)
             sim = simulate(plan.graph, plan.order, cost)
             row.simulated_peak_bytes, row.simulated_latency_s = sim.peak_bytes, sim.latency_s
-            row.simulated_scratch_peak_bytes = _peak_with_scratch(plan.graph, plan.order, sim, cost)
+            row.simulated_tensor_peak_bytes = tensor_peak_bytes(plan.graph, plan.order)
             train_step = prepared.train_step(plan)
             if variant == "program-order" and device.type == "cuda":
                 _op_workspaces(row, case, prepared.train_step(plan, cuda_graph=False), device)
@@ -376,14 +376,6 @@ def _swap_heavy(graph: Graph, cost: CostModel):
         raise MagisError("the offloading peer (pofo) stores nothing on this workload")
     best = max(swapping, key=lambda p: (p.sim.host_peak_bytes, -p.memory))
     return ProgramOrder(best.graph, list(best.order)), time.perf_counter() - start
-
-
-def _peak_with_scratch(graph: Graph, order: Sequence[int], sim, cost: CostModel) -> int:
-    """The simulated timeline with each op's scratch added at its step (`scratch_bytes`)."""
-    timeline = [int(m) for m in sim.timeline]
-    if len(timeline) != len(order):  # an empty schedule's timeline is its resident bytes
-        return sim.peak_bytes
-    return max(m + cost.scratch_bytes(graph, n) for m, n in zip(timeline, order, strict=True))
 
 
 def _op_counts(graph: Graph, order: Sequence[int]) -> tuple[int, int]:

@@ -91,7 +91,7 @@ def format_markdown(report: GpuReport) -> str:
         f"this {report.device_type.upper()}; verification against eager to "
         f"{report.tolerance:g} (relative); {report.wall_s:.0f} s in all.",
         "",
-        "| workload | variant | measured peak MiB | simulated MiB | meas / sim | sim + scratch MiB "
+        "| workload | variant | measured peak MiB | simulated MiB | meas / sim | tensors only MiB "
         "| peak / eager "
         "| step ms | simulated ms | meas / sim | time / eager | verified (max rel err) | ops "
         "| stores | CUDA graph | note |",
@@ -111,7 +111,7 @@ def format_markdown(report: GpuReport) -> str:
                     _mib(row.measured_peak_bytes),
                     _mib(row.simulated_peak_bytes),
                     _ratio(row.measured_peak_bytes, row.simulated_peak_bytes),
-                    _mib(row.simulated_scratch_peak_bytes),
+                    _mib(row.simulated_tensor_peak_bytes),
                     _ratio(row.measured_peak_bytes, eager.measured_peak_bytes if eager else None),
                     _ms(row.step_s),
                     _ms(row.simulated_latency_s),

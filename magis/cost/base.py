@@ -105,6 +105,7 @@ class _Memo:
     # the node objects it changes, so an identical object means an identical time: the search's
     # thousands of graph versions share almost all of theirs.
     by_node: dict[int, tuple[object, float]] = field(default_factory=dict)
+    scratch_by_node: dict[int, tuple[object, int]] = field(default_factory=dict)  # the same
 
 
 class CostModel(abc.ABC):
@@ -124,6 +125,9 @@ class CostModel(abc.ABC):
     # Store or Load is a memcpy into the host pool, done by the threads that compute, so it
     # adds its whole time (measured: unet:small's plan ran 1.195x where overlap said 1.009x).
     copies_overlap: bool = True
+    # Whether `scratch_bytes` knows anything (a model that ran the ops): the simulator adds
+    # each op's scratch to the memory of its step only then.
+    measures_scratch: bool = False
     # The ranks and link that price collectives (`magis.cost.links`); set by whoever plans a
     # data-parallel step (`with_interconnect`). Collectives are never measured here: running one
     # on a single rank would wait for the others forever.
@@ -172,9 +176,26 @@ class CostModel(abc.ABC):
         return self.time_of(op_key(graph, nid), info)
 
     def scratch_bytes(self, graph: Graph, nid: int) -> int:
-        """Bytes node `nid` allocates and frees inside itself (a cuDNN convolution's workspace),
-        which the simulator's tensors do not hold. Only a model that ran the op knows: 0 here."""
+        """Bytes node `nid` allocates and frees inside itself (a cuDNN convolution's workspace,
+        a CPU convolution's padded copies), which no tensor of the graph holds. Only a model
+        that ran the op knows (`measures_scratch`): 0 here."""
         return 0
+
+    def node_scratch(self, graph: Graph) -> np.ndarray | None:
+        """Every node's `scratch_bytes` as an int64 array indexed by node id (as `node_times`),
+        or None for a model that does not measure scratch: the simulator then adds nothing."""
+        if not self.measures_scratch:
+            return None
+        out = np.zeros(max(graph.nodes, default=-1) + 1, dtype=np.int64)
+        by_node = self._memo.scratch_by_node
+        for nid, node in graph.nodes.items():
+            seen = by_node.get(nid)
+            if seen is not None and seen[0] is node:
+                out[nid] = seen[1]
+                continue
+            out[nid] = scratch = self.scratch_bytes(graph, nid)
+            by_node[nid] = (node, scratch)
+        return out
 
     def time_of(self, key: OpKey, info: OpInfo) -> float:
         """The memoized time of one op configuration."""

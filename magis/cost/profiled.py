@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from magis.cost.allocator import call_scratch_bytes
 from magis.cost.base import CostModel, OpCall, OpKey, key_text, op_key
 from magis.cost.roofline import CPU, H100, roofline_time
 from magis.cost.store import OpTimeStore, default_cache_path
@@ -46,7 +47,7 @@ CUDA_CALLS_PER_SAMPLE = 10
 # Copies timed once to model Store/Load: a large one for bandwidth, a tiny one for latency.
 _TRANSFER_PROBE_BYTES = 16 << 20
 _TRANSFER_KEYS = ("transfer:latency", "transfer:bandwidth")
-# An op configuration's scratch bytes on a GPU are kept beside its time, under this prefix.
+# An op configuration's scratch bytes are kept beside its time, under this prefix.
 _SCRATCH_PREFIX = "scratch:"
 
 ProgressFn = Callable[[int, int], None]
@@ -196,6 +197,7 @@ class ProfiledCostModel(CostModel):
         self.name = str(self.device)
         self.views_cost_time = self.device.type == "cpu"
         self.copies_overlap = self.device.type != "cpu"
+        self.measures_scratch = True
         self.warmup = warmup
         self.repeats = repeats
         path = default_cache_path() if cache_path is None else cache_path
@@ -223,22 +225,24 @@ class ProfiledCostModel(CostModel):
         return seconds
 
     def scratch_bytes(self, graph: Graph, nid: int) -> int:
-        """On a GPU, the bytes the op allocated and freed within one call when it was profiled
-        (the caching allocator's peak during the call over what stayed allocated after it); 0 on
-        a CPU, whose allocator keeps no statistics, and for ops that did not run here."""
+        """The bytes the op allocated and freed within one call, measured once per configuration
+        and kept beside its time: on a GPU the caching allocator's peak during the call over what
+        stayed allocated after it, on a CPU the same read from the allocator's profiler events
+        (`magis.cost.allocator`). 0 for views, copies, collectives and ops that cannot run here."""
         node = graph.node(nid)
         info = graph.info(nid)
-        if self.device.type != "cuda" or node.is_placeholder or info.is_view or info.copy_stream:
+        if node.is_placeholder or info.is_view or info.copy_stream or info.comm_stream:
             return 0
-        if info.comm_stream:
-            return 0
-        key = op_key(graph, nid)
-        text = _SCRATCH_PREFIX + key_text(key)
+        return self.scratch_of(OpCall(op_key(graph, nid), info))
+
+    def scratch_of(self, call: OpCall) -> int:
+        """The scratch bytes of one op configuration (measured on first use, then stored)."""
+        text = _SCRATCH_PREFIX + key_text(call.key)
         cached = self._store.get(text)
         if cached is None:
-            self.time_of(key, info)  # profiling the op measures its scratch too
-            cached = self._store.get(text)
-        return int(cached or 0)
+            cached = self._measure_scratch(call)
+            self._store.put(text, float(cached), MEASURED)
+        return int(cached)
 
     def transfer_time(self, nbytes: int) -> float:
         """One Store/Load: a copy between device and host memory, from two timed copies."""
@@ -264,6 +268,8 @@ class ProfiledCostModel(CostModel):
                 if self._store.get(key_text(key)) is None:
                     fresh.append((key, info))
                 self.time_of(key, info)
+                if not info.is_view:
+                    self.scratch_of(OpCall(key, info))
                 if progress is not None:
                     progress(done, len(calls))
             self._second_pass(fresh)
@@ -318,18 +324,33 @@ class ProfiledCostModel(CostModel):
 
     def _measure(self, call: OpCall) -> float:
         """Median seconds of one call of the op on synthetic inputs (raises if it cannot run)."""
+        return self._time(self._synthetic_call(call), touches_data=not call.info.is_view)
+
+    def _measure_scratch(self, call: OpCall) -> int:
+        """The scratch of one call of the op on synthetic inputs; 0 for an op that is priced
+        by the roofline (it cannot run here, or would not fit)."""
+        nbytes = bytes_moved(call.info, call.args, call.kwargs, call.outputs)
+        if nbytes > self._max_bytes or call.info.reads_workspace:
+            return 0
+        try:
+            run = self._synthetic_call(call)
+            run()  # the first call may allocate what later calls reuse
+            return self._scratch(run)
+        except Exception:  # noqa: BLE001 - an op that cannot run is priced by the roofline
+            return 0
+
+    def _synthetic_call(self, call: OpCall) -> Callable[[], Any]:
+        """One call of the op on synthetic inputs, ready to repeat."""
         fn = resolve_overload(call.op)
         gen = torch.Generator(device=self.device).manual_seed(0)
         args = synthetic_value(call.args, self.device, gen)
         kwargs = {k: synthetic_value(v, self.device, gen) for k, v in call.key.kwargs}
-        seconds = self._time(lambda: fn(*args, **kwargs), touches_data=not call.info.is_view)
-        if self.device.type == "cuda":
-            scratch = self._scratch(lambda: fn(*args, **kwargs))
-            self._store.put(_SCRATCH_PREFIX + key_text(call.key), float(scratch), MEASURED)
-        return seconds
+        return lambda: fn(*args, **kwargs)
 
     def _scratch(self, fn: Callable[[], Any]) -> int:
         """Bytes one call allocates beyond what it leaves allocated (its outputs)."""
+        if self.device.type != "cuda":
+            return call_scratch_bytes(fn)
         self._sync()
         torch.cuda.reset_peak_memory_stats(self.device)
         out = fn()

@@ -7,8 +7,16 @@ from magis.sim.simulator import (
     memory_timeline,
     near_peak_storages,
     simulate,
+    tensor_peak_bytes,
 )
-from magis.sim.tables import Tables, derive_facts, derive_node_times, node_times, tables
+from magis.sim.tables import (
+    Tables,
+    derive_facts,
+    derive_node_times,
+    node_scratch,
+    node_times,
+    tables,
+)
 
 __all__ = [
     "Category",
@@ -19,7 +27,9 @@ __all__ = [
     "derive_node_times",
     "memory_timeline",
     "near_peak_storages",
+    "node_scratch",
     "node_times",
     "simulate",
     "tables",
+    "tensor_peak_bytes",
 ]

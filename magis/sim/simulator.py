@@ -3,8 +3,11 @@
 Memory follows MAGIS §2.1 on storages rather than tensors: a storage is allocated when the node
 producing it starts and freed when the last reader of any of its aliases finishes; at step i the
 active memory M_i sums every storage live at i (the inputs and outputs of the node running
-included) plus the resident placeholders. The peak is max_i M_i and the memory hot-spots are the
-storages live at a step where the peak is reached.
+included) plus the resident placeholders, plus, under a cost model that ran the ops, the
+scratch the node running allocates and frees inside itself (`CostModel.scratch_bytes`: a
+convolution's workspace or padded copies, which the allocator holds and no tensor does). The
+peak is max_i M_i and the memory hot-spots are the storages live at a step where the peak is
+reached.
 
 Latency: nodes run in schedule order on two streams, compute and copy (Store/Load, §6.2); a node
 starts when its stream is free and its inputs are ready. (On a device without copy engines, a
@@ -31,7 +34,7 @@ import numpy as np
 if TYPE_CHECKING:
     from magis.cost import CostModel
 from magis.ir import DerivedKey, Graph, PlaceholderKind, Ref
-from magis.sim.tables import Tables, node_times, tables
+from magis.sim.tables import Tables, node_scratch, node_times, tables
 
 
 class Category(enum.Enum):
@@ -194,6 +197,12 @@ def memory_timeline(
     return timeline, alloc, free
 
 
+def tensor_peak_bytes(graph: Graph, order) -> int:
+    """The peak of the storages alone (`memory_timeline`), without any op's scratch."""
+    timeline, _, _ = memory_timeline(graph, order)
+    return int(timeline.max()) if len(timeline) else tables(graph).resident_bytes
+
+
 def _as_ids(order) -> np.ndarray:
     if isinstance(order, np.ndarray):
         return order.astype(np.int64, copy=False)
@@ -228,6 +237,9 @@ def simulate(
     t = tables(graph)
     ids = _as_ids(order)  # once: converting a 42,000-step tuple costs more than a pass over it
     timeline, alloc, free = memory_timeline(graph, ids)
+    scratch = node_scratch(graph, cost)
+    if scratch is not None and len(ids):
+        timeline = timeline + scratch[ids]
     if len(timeline) == 0:
         timeline = np.array([t.resident_bytes], dtype=np.int64)
     peak = int(timeline.max())

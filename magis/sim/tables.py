@@ -58,6 +58,7 @@ class Tables:
 
 _TABLES: DerivedKey[Tables] = DerivedKey("sim.tables")
 _TIMES: DerivedKey[dict] = DerivedKey("sim.node_times")  # cost model -> times by node id
+_SCRATCH: DerivedKey[dict] = DerivedKey("sim.node_scratch")  # cost model -> scratch by node id
 
 
 def tables(graph: Graph) -> Tables:
@@ -72,6 +73,17 @@ def node_times(graph: Graph, cost: CostModel) -> np.ndarray:
     if times is None:
         times = per_cost[cost] = cost.node_times(graph)
     return times
+
+
+def node_scratch(graph: Graph, cost: CostModel) -> np.ndarray | None:
+    """`cost.node_scratch(graph)`, kept with the graph version (None: the model knows none)."""
+    if not cost.measures_scratch:
+        return None
+    per_cost = graph.derived(_SCRATCH, dict)
+    scratch = per_cost.get(cost)
+    if scratch is None:
+        scratch = per_cost[cost] = cost.node_scratch(graph)
+    return scratch
 
 
 def _key(s: Ref) -> int:
@@ -175,6 +187,9 @@ def derive_node_times(
     retime.update(r for n in list(retime) if n in child for r in child.successors(n))
     times = _derive_times(node_times(parent, cost), child, cost, retime, set(removed))
     child.derived(_TIMES, dict).setdefault(cost, times)
+    if cost.measures_scratch:
+        scratch = _derive_scratch(node_scratch(parent, cost), child, cost, retime, set(removed))
+        child.derived(_SCRATCH, dict).setdefault(cost, scratch)
 
 
 def _derive_tables(
@@ -290,4 +305,19 @@ def _derive_times(
     for n in retime:
         if n in child:
             out[n] = cost.op_time(child, n)
+    return out
+
+
+def _derive_scratch(
+    scratch: np.ndarray, child: Graph, cost: CostModel, redo: set[int], removed: set[int]
+) -> np.ndarray:
+    """The parent's scratch bytes, the `redo` nodes measured again and the removed ones
+    zeroed (as `_derive_times`)."""
+    out = np.zeros(child.next_id, dtype=np.int64)
+    out[: len(scratch)] = scratch[: child.next_id]
+    if removed:
+        out[[n for n in removed if n < len(out)]] = 0
+    for n in redo:
+        if n in child:
+            out[n] = cost.scratch_bytes(child, n)
     return out

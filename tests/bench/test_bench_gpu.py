@@ -54,12 +54,12 @@ def test_every_variant_has_a_row_with_the_json_fields(cpu_report):
 def test_program_order_is_measured_exactly_as_simulated_and_verifies(cpu_report):
     row = next(r for r in cpu_report.rows if r.variant == "program-order")
     assert row.error is None and row.verified
-    # on a CPU the dispatch tracker counts what the simulator counts, and the step's own
-    # staging of its hyperparameters (a float64 each)
-    assert 0 <= row.measured_peak_bytes - row.simulated_peak_bytes <= 8 * 64
+    # on a CPU the dispatch tracker counts the tensors the simulator counts, and the step's
+    # own staging of its hyperparameters (a float64 each); not the ops' scratch, which the
+    # simulated peak adds under the profiled cost model
+    assert 0 <= row.measured_peak_bytes - row.simulated_tensor_peak_bytes <= 8 * 64
+    assert row.simulated_tensor_peak_bytes <= row.simulated_peak_bytes
     assert row.ops > 0 and row.simulated_latency_s > 0 and not row.cuda_graph
-    # a CPU's allocator keeps no statistics: no op scratch is known, none is added
-    assert row.simulated_scratch_peak_bytes == row.simulated_peak_bytes
     assert set(row.errors) >= {"loss", "param", "exp_avg", "exp_avg_sq"}
 
 
@@ -67,7 +67,7 @@ def test_plans_that_ran_verify_and_a_failed_variant_says_why(cpu_report):
     for row in cpu_report.rows[1:]:
         if row.error is None:
             assert row.verified, (row.variant, row.errors)
-            assert 0 <= row.measured_peak_bytes - row.simulated_peak_bytes <= 8 * 64
+            assert 0 <= row.measured_peak_bytes - row.simulated_tensor_peak_bytes <= 8 * 64
         else:  # bert-base:tiny's resident bytes are over half its peak: mem-0.5 cannot be met
             assert row.error.split(":")[0].endswith("Error")
 
