@@ -58,6 +58,8 @@ def show_run(rep) -> None:
     )
     table.add_row("measured peak", gib(rep.measured_peak_bytes))
     table.add_row("simulated peak", f"{gib(rep.simulated_peak_bytes)} ({rep.peak_error:.2%} off)")
+    if rep.simulated_scratch_peak_bytes > rep.simulated_peak_bytes:
+        table.add_row("with the ops' scratch", gib(rep.simulated_scratch_peak_bytes))
     if rep.measured_host_peak_bytes or rep.simulated_host_peak_bytes:
         table.add_row(
             "host pool peak (swapped out)",
