@@ -1,4 +1,5 @@
-"""A 2-layer LSTM language model: embedding -> nn.LSTM -> linear -> cross-entropy.
+"""A 2-layer LSTM language model (`magis.capture.models.rnn_lm`): embedding -> nn.LSTM -> linear
+-> cross-entropy.
 
 `factory()` builds it at a training size (batch 64 x 256 tokens, hidden 1,024, 10k words) for
 the command line; magis builds it under fake tensors, so nothing is allocated:
@@ -15,24 +16,8 @@ PyTorch runs step by step on a CPU (no fused kernel).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-
-class RecurrentLM(nn.Module):
-    """Tokens (batch, time) and next tokens -> the mean cross-entropy."""
-
-    def __init__(self, vocab: int, hidden: int, layers: int, cell: str = "lstm") -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
-        self.rnn = rnn(hidden, hidden, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        states, _ = self.rnn(self.embed(tokens))
-        logits = self.head(states)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+from magis.capture.models.rnn_lm import RecurrentLM
 
 
 def factory(

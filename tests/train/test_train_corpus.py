@@ -13,8 +13,10 @@ from magis.capture.corpus import ARCHITECTURES, build_case
 from magis.train import compile
 
 # Decoder LM with GQA, encoder-decoder with two inputs, encoder, CNN with batch norm, CNN with
-# concatenations, vision transformer, GPT-2, depthwise CNN.
+# concatenations, vision transformer, GPT-2, depthwise CNN; then (issue #46) a mixture of experts,
+# CTC speech, a state-space LM, an LSTM LM and a graph network.
 ADAMW_MODELS = ["llama", "t5", "bert", "resnet", "mobilevit", "vit", "gpt2", "mobilenet_v2"]
+ADAMW_MODELS += ["qwen3_moe", "wav2vec2", "mamba", "lstm_lm", "gcn"]
 SGD_MODELS = ["qwen2", "resnet", "t5"]
 
 

@@ -32,6 +32,7 @@ from magis.capture.corpus.base import (
 from magis.capture.corpus.diffusion import DIFFUSION_MODELS
 from magis.capture.corpus.language import LANGUAGE
 from magis.capture.corpus.multimodal import MULTIMODAL
+from magis.capture.corpus.sequence import SEQUENCE
 from magis.capture.corpus.vision import VISION
 from magis.errors import UnknownWorkloadError
 
@@ -52,7 +53,7 @@ __all__ = [
 CORPUS_PREFIX = "corpus:"
 
 ARCHITECTURES: Mapping[str, Architecture] = MappingProxyType(
-    {a.name: a for a in (*LANGUAGE, *VISION, *DIFFUSION_MODELS, *MULTIMODAL)}
+    {a.name: a for a in (*LANGUAGE, *VISION, *DIFFUSION_MODELS, *MULTIMODAL, *SEQUENCE)}
 )
 CORPUS_NAMES: tuple[str, ...] = tuple(ARCHITECTURES)
 

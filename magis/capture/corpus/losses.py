@@ -156,3 +156,40 @@ def diffusion_batch(config: Any, size: Size, batch: int, gen: torch.Generator) -
     if cross is None:
         return clean, noise, steps
     return clean, noise, steps, _floats((batch, size.target, cross), gen)
+
+
+# --- speech recognition (CTC) ----------------------------------------------------------------
+
+
+def ctc_loss(model: nn.Module, audio: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A CTC head's loss written from its logits, as the head's own `labels=` path computes it
+    (labels padded with -100, lengths from the labels >= 0, log-probabilities in float32, the
+    config's reduction and zero_infinity), with the targets kept padded 2-D: the `labels=`
+    path checks `labels.max()` in Python and `masked_select`s the unpadded labels, neither of
+    which a static graph holds. Every frame counts (the batch's clips are all full length)."""
+    config = model.config
+    logits = model(input_values=audio).logits
+    log_probs = F.log_softmax(logits, dim=-1, dtype=torch.float32).transpose(0, 1)
+    frames, batch = log_probs.shape[:2]
+    input_lengths = torch.full((batch,), frames, dtype=torch.long)
+    real = labels >= 0
+    targets = labels.masked_fill(~real, config.pad_token_id)
+    return F.ctc_loss(
+        log_probs,
+        targets,
+        input_lengths,
+        real.sum(-1),
+        blank=config.pad_token_id,
+        reduction=config.ctc_loss_reduction,
+        zero_infinity=config.ctc_zero_infinity,
+    )
+
+
+def audio_batch(config: Any, size: Size, batch: int, gen: torch.Generator) -> Batch:
+    """(raw audio (N, `length` samples), transcripts of `target` characters padded with -100
+    after a length drawn in [target / 2, target]); characters avoid the blank (padding id)."""
+    audio = _floats((batch, size.length), gen)
+    chars = 1 + _ids(config.vocab_size - 1, (batch, size.target), gen)
+    chars = (chars + config.pad_token_id) % config.vocab_size
+    lengths = torch.randint(max(size.target // 2, 1), size.target + 1, (batch, 1), generator=gen)
+    return audio, chars.masked_fill(torch.arange(size.target) >= lengths, -100)

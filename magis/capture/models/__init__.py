@@ -2,6 +2,8 @@
 
 from magis.capture.models.btlm import BTLM, BTLMConfig, alibi_slopes
 from magis.capture.models.densenet import DenseNet, DenseNetConfig
+from magis.capture.models.gcn import GCN, GCNConfig
+from magis.capture.models.rnn_lm import RecurrentLM, RecurrentLMConfig
 from magis.capture.models.unet import UNet
 from magis.capture.models.unetpp import UNetPlusPlus
 
@@ -10,6 +12,10 @@ __all__ = [
     "BTLMConfig",
     "DenseNet",
     "DenseNetConfig",
+    "GCN",
+    "GCNConfig",
+    "RecurrentLM",
+    "RecurrentLMConfig",
     "UNet",
     "UNetPlusPlus",
     "alibi_slopes",
