@@ -11,7 +11,7 @@ hot-spots list equal-sized storages in that order).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -185,10 +185,12 @@ def derive_node_times(
     part of their cost key, may have changed) timed again, the `removed` ones dropped."""
     retime = set(retime)
     retime.update(r for n in list(retime) if n in child for r in child.successors(n))
-    times = _derive_times(node_times(parent, cost), child, cost, retime, set(removed))
+    removed = set(removed)
+    times = _derive_per_node(node_times(parent, cost), child, retime, removed, cost.op_time)
     child.derived(_TIMES, dict).setdefault(cost, times)
     if cost.measures_scratch:
-        scratch = _derive_scratch(node_scratch(parent, cost), child, cost, retime, set(removed))
+        parent_scratch = node_scratch(parent, cost)
+        scratch = _derive_per_node(parent_scratch, child, retime, removed, cost.scratch_bytes)
         child.derived(_SCRATCH, dict).setdefault(cost, scratch)
 
 
@@ -294,30 +296,20 @@ def _derive_comm_nodes(
     return frozenset((parent - removed).union(new))
 
 
-def _derive_times(
-    times: np.ndarray, child: Graph, cost: CostModel, retime: set[int], removed: set[int]
+def _derive_per_node(
+    parent: np.ndarray,
+    child: Graph,
+    redo: set[int],
+    removed: set[int],
+    value_of: Callable[[Graph, int], float],
 ) -> np.ndarray:
-    """The parent's node times, the `retime` nodes timed again and the removed ones zeroed."""
-    out = np.zeros(child.next_id)
-    out[: len(times)] = times[: child.next_id]
-    if removed:
-        out[[n for n in removed if n < len(out)]] = 0.0
-    for n in retime:
-        if n in child:
-            out[n] = cost.op_time(child, n)
-    return out
-
-
-def _derive_scratch(
-    scratch: np.ndarray, child: Graph, cost: CostModel, redo: set[int], removed: set[int]
-) -> np.ndarray:
-    """The parent's scratch bytes, the `redo` nodes measured again and the removed ones
-    zeroed (as `_derive_times`)."""
-    out = np.zeros(child.next_id, dtype=np.int64)
-    out[: len(scratch)] = scratch[: child.next_id]
+    """A per-node array of `child` from its `parent`'s (node times, scratch bytes): the
+    `redo` nodes valued again by `value_of(child, node)`, the removed ones zeroed."""
+    out = np.zeros(child.next_id, dtype=parent.dtype)
+    out[: len(parent)] = parent[: child.next_id]
     if removed:
         out[[n for n in removed if n < len(out)]] = 0
     for n in redo:
         if n in child:
-            out[n] = cost.scratch_bytes(child, n)
+            out[n] = value_of(child, n)
     return out

@@ -97,7 +97,7 @@ from magis.rules.catalog import FIRST_FUZZ_ROUND  # noqa: E402
 from magis.schedule.random_graphs import random_topological_order  # noqa: E402
 from magis.schedule.swaps import time_swaps  # noqa: E402
 from magis.search.reschedule import reschedule  # noqa: E402
-from magis.sim import derive_facts, node_times, tables  # noqa: E402
+from magis.sim import derive_facts, node_scratch, node_times, tables, tensor_peak_bytes  # noqa: E402
 from magis.sim.simulator import two_stream_makespan  # noqa: E402
 from magis.sim.tables import _build  # noqa: E402
 
@@ -177,6 +177,37 @@ def test_facts_derived_from_the_parent_equal_a_fresh_build(workload):
         _same_sim(simulate(child, child_order, cost), simulate(fresh, child_order, fresh_cost))
         checked += 1
     assert checked >= 20
+
+
+class _InputSizedScratch(type(get_cost_model("rtx3090"))):
+    """rtx3090's times, and a scratch of each op equal to its inputs' bytes: a scratch that
+    changes when an input's metadata does, as a real op's workspace does."""
+
+    measures_scratch = True
+
+    def scratch_bytes(self, graph, nid) -> int:
+        if graph.node(nid).is_placeholder or graph.info(nid).is_view:
+            return 0
+        return sum(graph.meta(r).nbytes for r in graph.node(nid).inputs)
+
+
+def test_scratch_derived_from_the_parent_equals_a_fresh_build():
+    """A cost model that measures op scratch (`CostModel.node_scratch`): the child's scratch
+    derived with its times equals a fresh build's, and so does the simulation that adds it."""
+    cost = _InputSizedScratch(get_cost_model("rtx3090").hardware)
+    checked = 0
+    for parent, order, res, restrided in _search_children("unet:tiny", rounds=2, seed=7):
+        child = res.graph
+        derive_facts(parent, child, res.added, res.changed | restrided, res.removed, cost)
+        fresh, fresh_cost = child.copy(), _InputSizedScratch(cost.hardware)
+        ids = list(child.nodes)
+        assert np.array_equal(node_scratch(child, cost)[ids], fresh_cost.node_scratch(fresh)[ids])
+        child_order = reschedule(parent, order, res, cost)
+        derived = simulate(child, child_order, cost)
+        _same_sim(derived, simulate(fresh, child_order, fresh_cost))
+        assert derived.peak_bytes >= tensor_peak_bytes(child, child_order)
+        checked += 1
+    assert checked >= 10
 
 
 def _makespan_node_by_node(graph, order, times, copies) -> float:
