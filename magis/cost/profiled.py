@@ -58,7 +58,7 @@ class ProfileInfo:
     """Where a profiled model's times came from."""
 
     path: Path | None  # the SQLite file, None when op times are kept in memory only
-    loaded: int  # rows read from the file when it was opened
+    loaded: int  # op times read from the file when it was opened
     measured: int  # op configurations this instance timed
     fallbacks: tuple[str, ...]  # ops that could not run and got a roofline estimate
 
@@ -204,7 +204,8 @@ class ProfiledCostModel(CostModel):
         self._store = OpTimeStore(
             path, (device_name(self.device), torch.__version__, PROFILER_VERSION)
         )
-        self._loaded = len(self._store.rows)
+        # op times read (each op's scratch row beside its time is not counted again)
+        self._loaded = sum(not k.startswith(_SCRATCH_PREFIX) for k in self._store.rows)
         self._measured = 0
         self._fallbacks: dict[str, str] = {}  # op -> why it did not run
         self._disturb = Disturbance()
@@ -323,8 +324,14 @@ class ProfiledCostModel(CostModel):
         return seconds, MEASURED
 
     def _measure(self, call: OpCall) -> float:
-        """Median seconds of one call of the op on synthetic inputs (raises if it cannot run)."""
-        return self._time(self._synthetic_call(call), touches_data=not call.info.is_view)
+        """Median seconds of one call of the op on synthetic inputs (raises if it cannot run),
+        and, the first time, its scratch on the same inputs (warm by then), stored beside it."""
+        run = self._synthetic_call(call)
+        seconds = self._time(run, touches_data=not call.info.is_view)
+        text = _SCRATCH_PREFIX + key_text(call.key)
+        if not call.info.is_view and self._store.get(text) is None:
+            self._store.put(text, float(self._scratch(run)), MEASURED)
+        return seconds
 
     def _measure_scratch(self, call: OpCall) -> int:
         """The scratch of one call of the op on synthetic inputs; 0 for an op that is priced
