@@ -1,8 +1,8 @@
 """Capture a function or a whole training step as a magis `Graph`, allocating nothing.
 
 The step is traced with make_fx under a FakeTensorMode (tensors carry shapes and dtypes, no data:
-a 3B-parameter model traces on a laptop), then traced again through `functionalize` so the graph
-has no in-place ops. Input mutations come back as in-place writes into the placeholders (see
+a 3B-parameter model traces on a laptop), then its in-place ops are made out of place
+(`inplace.functionalized`, or a second trace through `functionalize` where that pass declines). Input mutations come back as in-place writes into the placeholders (see
 `fx_import`), so a parameter updated by the optimizer counts once, as it does in eager PyTorch.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from unittest import mock
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -21,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.collectives import AllReduceGradients, DataParallel, sink_waits
 from magis.capture.fx_import import constant_values, import_fx
+from magis.capture.inplace import functionalized
 from magis.capture.kernels import capture_kernels
 from magis.capture.sharding import ShardLayout, unsharded
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
@@ -93,35 +95,43 @@ def _real_like(meta, example, dtype: torch.dtype | None, gen: torch.Generator) -
 def _trace_functional(
     fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None = None
 ) -> torch.fx.GraphModule:
-    """make_fx, then make_fx again through functionalize (autograd already ran in the first).
+    """make_fx, then its in-place ops made out of place (autograd already ran in the trace).
 
     With `root`, the module `fn` calls, each forward node records the stack of `root`'s
     submodules it ran in (make_fx's `record_module_stack`, which finds the modules through
-    `fn._orig_mod`); the second trace runs the first graph node by node with its metadata kept
-    (`preserve_node_meta`), so the stacks reach the final graph (`module_paths`)."""
+    `fn._orig_mod`), and the stacks reach the final graph (`module_paths`)."""
     with capture_kernels(), fake_kernel_failures_kept() as logged:
         try:
-            return _trace_twice(fn, fake_args, root)
+            return _trace_once_or_twice(fn, fake_args, root)
         except MagisError:
             raise
         except Exception as exc:  # noqa: BLE001 - torch raises many types; classify, re-raise
             raise capture_failure(exc, logged) from exc
 
 
-def _trace_twice(
+def _trace_once_or_twice(
     fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None
 ) -> torch.fx.GraphModule:
-    """The two traces of `_trace_functional`."""
-    if root is None:
-        gm = make_fx(fn)(*fake_args)
-    else:
-        gm = make_fx(_rooted(fn, root), record_module_stack=True)(*fake_args)
-    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
-    if root is None:
-        return make_fx(functionalize(gm, remove="mutations"))(*detached)
-    with fx_traceback.preserve_node_meta():
-        run = torch.fx.Interpreter(gm).run
-        return make_fx(functionalize(run, remove="mutations"))(*detached)
+    """The trace, then `functionalized` (one pass over the graph); where its in-place ops are not
+    the plain kind, the graph traced again through `functionalize`, which gives the same graph
+    where both apply (`tests/capture/test_inplace.py`) at about the first trace's cost.
+
+    Stack traces are not recorded (`do_not_emit_stack_traces`): magis reads none, and
+    make_fx's `record_module_stack` tracer would format one for every node (9% of a capture)."""
+    with mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
+        if root is None:
+            gm = make_fx(fn)(*fake_args)
+        else:
+            gm = make_fx(_rooted(fn, root), record_module_stack=True)(*fake_args)
+        fast = functionalized(gm)
+        if fast is not None:
+            return fast
+        detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
+        if root is None:
+            return make_fx(functionalize(gm, remove="mutations"))(*detached)
+        with fx_traceback.preserve_node_meta():
+            run = torch.fx.Interpreter(gm).run
+            return make_fx(functionalize(run, remove="mutations"))(*detached)
 
 
 def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
