@@ -47,6 +47,11 @@ class Closure:
         return {u: i for i, u in enumerate(self.units)}
 
     @functools.cached_property
+    def unit_array(self) -> np.ndarray:
+        """`units` as an int64 array (read per cut: converting the tuple is the closure's size)."""
+        return np.asarray(self.units, dtype=np.int64)
+
+    @functools.cached_property
     def width(self) -> int:
         """64-bit words per bitset."""
         return max(1, (len(self.units) + 63) // 64)
@@ -116,30 +121,46 @@ def window_above(clo: Closure, core: int, tau: int) -> int:
 def core_nw(clo: Closure, core: int, members: np.ndarray) -> np.ndarray:
     """nw among `core` of each of its `members` (its bit indices, ascending)."""
     words = clo.words(core)
-    anc = _counts_within(clo.anc_words, members, words, below=True)
-    des = _counts_within(clo.des_words, members, words, below=False)
+    span = _word_span(members)
+    anc = _counts_within(clo.anc_words, members, words, below=True, span=span)
+    des = _counts_within(clo.des_words, members, words, below=False, span=span)
     return core.bit_count() - anc - des - 1
+
+
+def _word_span(members: np.ndarray) -> tuple[int, int]:
+    """The words that hold `members`' bits (ascending): a mask of them is zero elsewhere, so
+    an AND with it reads only these (a segment of a 100,000-unit closure is a few words of
+    its 1,563)."""
+    if not len(members):
+        return 0, 0
+    return int(members[0]) // 64, int(members[-1]) // 64 + 1
 
 
 ROW_BLOCK = 1024  # rows per step of `_counts_within`: a few MB of words, within the cache
 
 
 def _counts_within(
-    sets: np.ndarray, members: np.ndarray, mask: np.ndarray, below: bool
+    sets: np.ndarray,
+    members: np.ndarray,
+    mask: np.ndarray,
+    below: bool,
+    span: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """popcount(sets[i] & mask) for each i of `members` (ascending). Over a topological order
     an ancestor's bit is below its descendant's, so a block of rows needs only the words up
     to its last row (`below`: ancestor sets) or from its first (descendant sets): half the
     words of the whole square, taken a block at a time instead of as one copy of it (on a
-    42,000-node split decoder the square is 60 MB, and the final re-ordering asks it ~30 times)."""
+    42,000-node split decoder the square is 60 MB, and the final re-ordering asks it ~30 times).
+    `span`: the words outside which `mask` is zero (`_word_span`), none read."""
+    lo, hi = span if span is not None else (0, sets.shape[1])
     out = np.empty(len(members), dtype=np.int64)
     for start in range(0, len(members), ROW_BLOCK):
         rows = members[start : start + ROW_BLOCK]
         if below:
-            span = slice(0, int(rows[-1]) // 64 + 1)
+            cols = slice(lo, min(hi, int(rows[-1]) // 64 + 1))
         else:
-            span = slice(int(rows[0]) // 64, sets.shape[1])
-        block = sets[rows, span] & mask[span]
+            cols = slice(max(lo, int(rows[0]) // 64), hi)
+        block = sets[rows, cols] & mask[cols]
         out[start : start + len(rows)] = np.bitwise_count(block).sum(axis=1, dtype=np.int64)
     return out
 
@@ -153,12 +174,23 @@ def cut_segments(clo: Closure, core: int) -> tuple[dict[int, int], list[int]]:
     cuts this loses nothing; an nw = 1 cut fixes which side its one independent unit runs on.
     """
     members = np.asarray(bits(core), dtype=np.int64)
+    if not len(members):
+        return {}, []
     cut_local = members[core_nw(clo, core, members) <= 1]
-    rank = np.zeros(len(clo.units) + 1, dtype=np.int64)  # bit -> cut rank; index -1: none
-    rank[cut_local] = np.arange(1, len(cut_local) + 1)
-    latest = _highest_bits(clo.anc_words[members] & clo.words(_mask(cut_local)))
-    seg = np.where(rank[members] > 0, rank[members], rank[latest])
-    units = np.asarray(clo.units, dtype=np.int64)
+    # a cut's rank is its place among the cuts (1 up); a unit's latest cut ancestor is among
+    # the core's words, so only those are read (`_word_span`): per call, the core's size,
+    # not the closure's
+    lo, hi = _word_span(members)
+    cut_words = clo.words(_mask(cut_local))[lo:hi]
+    latest = _highest_bits(clo.anc_words[members, lo:hi] & cut_words)
+    latest = np.where(latest >= 0, latest + 64 * lo, -1)
+    cut_rank = np.searchsorted(cut_local, members) + 1
+    is_cut = np.zeros(len(members), dtype=bool)
+    within = cut_rank <= len(cut_local)
+    is_cut[within] = cut_local[cut_rank[within] - 1] == members[within]
+    latest_rank = np.where(latest >= 0, np.searchsorted(cut_local, latest) + 1, 0)
+    seg = np.where(is_cut, cut_rank, latest_rank)
+    units = clo.unit_array
     return (
         dict(zip(units[members].tolist(), seg.tolist(), strict=True)),
         units[cut_local].tolist(),

@@ -289,27 +289,31 @@ def test_the_scheduler_places_a_weight_update_where_it_lowers_the_peak():
     ops=st.integers(1, 400),
     tau=st.integers(0, 40),
     block=st.sampled_from([1, 5, 64, 1024]),
+    windowed=st.booleans(),
 )
-def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau, block):
+def test_peeling_and_cutting_count_nw_among_the_core_as_defined(seed, ops, tau, block, windowed):
     """The word-wise counts of `window_above` and `cut_segments` against nw's definition, on
     random cores of random DAGs of up to 400 units (bitsets of several 64-bit words), counted
-    in row blocks of several sizes (a block reads only the words its rows' sets can hold)."""
+    in row blocks of several sizes (a block reads only the words its rows' sets can hold).
+    `windowed`: the core lies within a window of the units, as a segment does (only the
+    words of the window are read)."""
     from magis.schedule import narrow_waist
 
     saved, narrow_waist.ROW_BLOCK = narrow_waist.ROW_BLOCK, block
     try:
-        _check_core_counts(seed, ops, tau)
+        _check_core_counts(seed, ops, tau, windowed)
     finally:
         narrow_waist.ROW_BLOCK = saved
 
 
-def _check_core_counts(seed, ops, tau):
+def _check_core_counts(seed, ops, tau, windowed=False):
     from magis.schedule.narrow_waist import bits, closure, core_nw, cut_segments, window_above
 
     rng = np.random.default_rng(seed)
     p = problem_of(random_dag(rng, ops, p_view=0.2, p_multi=0.1))
     clo = closure(p, range(p.n))
-    core = sum(1 << i for i in range(p.n) if rng.random() < 0.8)
+    lo, hi = sorted(rng.integers(0, p.n, 2)) if windowed else (0, p.n - 1)
+    core = sum(1 << i for i in range(lo, hi + 1) if rng.random() < 0.8)
     members = bits(core)
     assert members == [i for i in range(p.n) if core >> i & 1]
 
