@@ -155,7 +155,8 @@ def _rewritten(
             continue
         if n in roots:
             twin = twins[n]
-            args, kwargs = fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value)
+            args = _defaults_the_twin_needs(n.target, twin, fx.map_arg(n.args, value), n.kwargs)
+            kwargs = fx.map_arg(n.kwargs, value)
             new = graph.create_node("call_function", twin, args, kwargs, name=_packet_name(twin))
             new.meta = {**n.meta, **_fake_meta(_run_fake(twin, args, kwargs))}
             if not _same_layout(new.meta["val"], n.meta.get("val")):
@@ -172,6 +173,25 @@ def _rewritten(
             new.meta.update(_fake_meta(val))
             relaid.add(new)
     return fx.GraphModule(gm, graph)
+
+
+def _defaults_the_twin_needs(
+    target: _Overload, twin: _Overload, args: tuple, kwargs: dict
+) -> tuple:
+    """`args` with the positional values the call left to `target`'s defaults and `twin` has
+    none for (`bernoulli_(x)` means p = 0.5; `bernoulli.p` asks for it). Others stay omitted,
+    as the second trace records them."""
+    mine = target._schema.arguments
+    theirs = twin._schema.arguments
+    args = tuple(args)
+    for i in range(len(args), len(mine)):
+        a, b = mine[i], theirs[i]
+        if a.kwarg_only or a.name in kwargs:
+            break
+        if b.has_default_value() or not a.has_default_value():
+            break
+        args = (*args, a.default_value)
+    return args
 
 
 def _is_aten_or_getitem(n: fx.Node) -> bool:

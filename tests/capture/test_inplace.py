@@ -94,3 +94,21 @@ def test_what_the_pass_declines_is_traced_again(monkeypatch, fn):
     (out,) = _run(step, graph_in)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(graph_in, eager_in)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.empty_like(x).bernoulli_() * x,  # p left to its default
+        lambda x: torch.empty_like(x).bernoulli_(0.25) * x,
+        lambda x: (x * 2).sub_(x, alpha=3).relu_(),
+    ],
+    ids=["bernoulli-default-p", "bernoulli-p", "sub-alpha-relu"],
+)
+def test_small_steps_give_the_second_traces_graph(monkeypatch, fn):
+    x = torch.randn(4, 3)
+    taken = _fast_path_taken(monkeypatch)
+    fast = capture(fn, x)
+    assert taken == [True]
+    monkeypatch.setattr(trace, "functionalized", lambda gm: None)
+    assert _graph_document(fast) == _graph_document(capture(fn, x))
