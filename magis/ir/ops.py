@@ -199,6 +199,23 @@ RANDOM_OPS = (
     "multinomial",
     "randperm",
     "dropout",
+    # the functional forms functionalization gives the in-place draws (`exponential_`:
+    # PhiMoE's Gumbel routing noise; `normal_` -> `normal_functional`), and the other ops
+    # that take a Generator (tests/ir: every functional ATen op with one is here)
+    "exponential",
+    "normal_functional",
+    "geometric",
+    "cauchy",
+    "log_normal",
+    "random",
+    "randint_like",
+    "poisson",
+    "binomial",
+    "_standard_gamma",
+    "_sample_dirichlet",
+    "_fused_dropout",
+    "rrelu",
+    "rrelu_with_noise_functional",
 )
 COMPUTE_BOUND = {
     "mm": _mm,
