@@ -13,6 +13,7 @@ worker expanding states of its own (`magis.search.concurrent.ConcurrentStrategy`
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
@@ -21,9 +22,9 @@ from magis.cost import CostModel
 from magis.ir import Graph
 from magis.rules import Rule, rules_in_search_order
 from magis.search import fission_moves
-from magis.search.budget import Budget, PolishCost
+from magis.search.budget import Budget, FissionCost, PolishCost
 from magis.search.decisions import warm_start_decision
-from magis.search.evaluator import Evaluator, Move, SearchStats
+from magis.search.evaluator import FISSION_MOVE_PREFIX, Evaluator, Move, SearchStats
 from magis.search.hashing import wl_hash
 from magis.search.initial import SearchStart, search_start
 from magis.search.options import SearchOptions
@@ -134,6 +135,7 @@ class SearchCore:
     on_improvement: Callable[[Improvement], None] | None
     improvements: list[Improvement] = field(default_factory=list)
     settle: Callable[[], None] = lambda: None  # after each child built here (`search_pace`)
+    fission_cost: FissionCost = field(default_factory=lambda: FissionCost(0.0))
 
     @staticmethod
     def start(
@@ -175,6 +177,7 @@ class SearchCore:
             on_improvement,
             [Improvement(0.0, init.memory, init.latency, "initial")],
             settle,
+            FissionCost.before_any(begun.seconds, len(graph)),
         )
 
     @property
@@ -228,7 +231,14 @@ class SearchCore:
         for name, make_child in moves:
             if self.out_of_budget():
                 return
+            fission = name.startswith(FISSION_MOVE_PREFIX)
+            if fission and not self.fission_affordable(state):
+                self.stats.unaffordable += 1
+                continue
+            began = time.perf_counter()
             child = make_child()
+            if fission:
+                self.fission_cost.observe(time.perf_counter() - began, len(state.graph))
             self.settle()
             if child is None:
                 continue
@@ -237,6 +247,12 @@ class SearchCore:
             if improved or evaluated >= self.options.expansion_width:
                 self.queue.push(state, moves)
                 return
+
+    def fission_affordable(self, state: MState) -> bool:
+        """Whether a fission child of `state` is expected to finish within the budget
+        (`FissionCost`); always, when the budget is counted in states (reproducible)."""
+        _, left = self.budget.analysis_window()
+        return self.fission_cost.affordable(len(state.graph), left)
 
     def reanalysed(self, state: MState) -> MState:
         """The best state, when popped without a lineage, starts a new one on a fresh F-Tree

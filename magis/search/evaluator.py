@@ -68,6 +68,9 @@ class SearchStats:
     # Children whose ops, run on fake tensors, do not make the shapes, dtypes and strides the
     # graph records (the meta check): dropped, never kept or returned.
     meta_rejected: int = 0
+    # Fission moves not built because their child was expected to outlast the budget
+    # (`budget.FissionCost`).
+    unaffordable: int = 0
     rules_applied: Counter = field(default_factory=Counter)
     failed_children: Counter = field(default_factory=Counter)  # per rule: builds that raised
     breakdown: dict[str, float] = field(
@@ -87,6 +90,7 @@ class SearchStats:
 
 
 POSITIONS_KEPT = 4  # parent orders whose positions an evaluator keeps
+FISSION_MOVE_PREFIX = "fission:"  # the names of F-Tree mutations' moves (`fission:enable`)
 
 
 @dataclass
@@ -184,9 +188,10 @@ class Evaluator:
             limit = fission_moves.REANALYSIS_MOVES if state.fission.epoch else None
             streams.append(
                 (
-                    f"fission:{m.kind}",
+                    f"{FISSION_MOVE_PREFIX}{m.kind}",
                     lambda m=m: self.repaired(
-                        self.fission_child(state, m.build, f"fission:{m.kind}"), objective
+                        self.fission_child(state, m.build, f"{FISSION_MOVE_PREFIX}{m.kind}"),
+                        objective,
                     ),  # a materialization renumbers nodes: no parent context
                 )
                 for m in fission_moves.moves(
