@@ -69,13 +69,12 @@ class LazyDims(Mapping):
         args, kwargs = graph.meta_args(nid)
         key = (node.op, args, tuple(kwargs.items()), node.outputs)
         try:
-            return self._by_call[key]
-        except KeyError:
-            pass
+            hash(key)
         except TypeError:  # an unhashable argument (a list): asked, not kept
             return op_dims(node.op, args, kwargs, node.outputs)
-        found = self._by_call[key] = op_dims(node.op, args, kwargs, node.outputs)
-        return found
+        if key not in self._by_call:
+            self._by_call[key] = op_dims(node.op, args, kwargs, node.outputs)
+        return self._by_call[key]
 
     def __getitem__(self, nid: int) -> OpDims:
         d = self._dims(nid)

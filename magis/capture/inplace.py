@@ -215,15 +215,14 @@ def _fake_meta(val: object) -> dict:
 
 def _same_layout(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.shape, a.stride(), a.dtype, a.storage_offset()) == (
-            b.shape,
-            b.stride(),
-            b.dtype,
-            b.storage_offset(),
-        )
+        return _layout(a) == _layout(b)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b, strict=True))
     return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.storage_offset()
 
 
 def _packet_name(target: _Overload) -> str:
@@ -233,8 +232,7 @@ def _packet_name(target: _Overload) -> str:
 
 def _sync_inputs(graph: fx.Graph, env: dict[fx.Node, fx.Node], current: dict) -> None:
     """`copy_(input, value)` for each written input, in the inputs' order."""
-    written = [r for r in env if r.op == "placeholder" and r in current]
-    for r in written:
-        copy = torch.ops.aten.copy_.default
+    copy = torch.ops.aten.copy_.default
+    for r in (r for r in env if r.op == "placeholder" and r in current):
         node = graph.create_node("call_function", copy, (env[r], current[r]), name="copy_")
         node.meta = {"val": env[r].meta["val"], "tensor_meta": env[r].meta.get("tensor_meta")}

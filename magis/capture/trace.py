@@ -2,8 +2,9 @@
 
 The step is traced with make_fx under a FakeTensorMode (tensors carry shapes and dtypes, no data:
 a 3B-parameter model traces on a laptop), then its in-place ops are made out of place
-(`inplace.functionalized`, or a second trace through `functionalize` where that pass declines). Input mutations come back as in-place writes into the placeholders (see
-`fx_import`), so a parameter updated by the optimizer counts once, as it does in eager PyTorch.
+(`inplace.functionalized`, or a second trace through `functionalize` where that pass declines).
+Input mutations come back as in-place writes into the placeholders (see `fx_import`), so a
+parameter updated by the optimizer counts once, as it does in eager PyTorch.
 """
 
 from __future__ import annotations

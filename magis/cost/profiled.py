@@ -307,13 +307,20 @@ class ProfiledCostModel(CostModel):
 
     # --- measuring ----------------------------------------------------------------------------
 
-    def _measure_or_estimate(self, call: OpCall) -> tuple[float, str]:
+    def _not_runnable(self, call: OpCall) -> str | None:
+        """Why the op cannot be run here on synthetic inputs (None: it can): it is priced by
+        the roofline then, and has no scratch."""
         nbytes = bytes_moved(call.info, call.args, call.kwargs, call.outputs)
         if nbytes > self._max_bytes:
-            self._fallbacks[call.op] = f"{nbytes} bytes of tensors: too large to run here"
-            return roofline_time(self._fallback, call), ESTIMATED
+            return f"{nbytes} bytes of tensors: too large to run here"
         if call.info.reads_workspace:
-            self._fallbacks[call.op] = "reads another kernel's workspace: no synthetic input"
+            return "reads another kernel's workspace: no synthetic input"
+        return None
+
+    def _measure_or_estimate(self, call: OpCall) -> tuple[float, str]:
+        reason = self._not_runnable(call)
+        if reason is not None:
+            self._fallbacks[call.op] = reason
             return roofline_time(self._fallback, call), ESTIMATED
         try:
             seconds = self._measure(call)
@@ -336,8 +343,7 @@ class ProfiledCostModel(CostModel):
     def _measure_scratch(self, call: OpCall) -> int:
         """The scratch of one call of the op on synthetic inputs; 0 for an op that is priced
         by the roofline (it cannot run here, or would not fit)."""
-        nbytes = bytes_moved(call.info, call.args, call.kwargs, call.outputs)
-        if nbytes > self._max_bytes or call.info.reads_workspace:
+        if self._not_runnable(call) is not None:
             return 0
         try:
             run = self._synthetic_call(call)

@@ -176,20 +176,16 @@ def cut_segments(clo: Closure, core: int) -> tuple[dict[int, int], list[int]]:
     members = np.asarray(bits(core), dtype=np.int64)
     if not len(members):
         return {}, []
-    cut_local = members[core_nw(clo, core, members) <= 1]
+    is_cut = core_nw(clo, core, members) <= 1
+    cut_local = members[is_cut]
     # a cut's rank is its place among the cuts (1 up); a unit's latest cut ancestor is among
     # the core's words, so only those are read (`_word_span`): per call, the core's size,
     # not the closure's
     lo, hi = _word_span(members)
     cut_words = clo.words(_mask(cut_local))[lo:hi]
     latest = _highest_bits(clo.anc_words[members, lo:hi] & cut_words)
-    latest = np.where(latest >= 0, latest + 64 * lo, -1)
-    cut_rank = np.searchsorted(cut_local, members) + 1
-    is_cut = np.zeros(len(members), dtype=bool)
-    within = cut_rank <= len(cut_local)
-    is_cut[within] = cut_local[cut_rank[within] - 1] == members[within]
-    latest_rank = np.where(latest >= 0, np.searchsorted(cut_local, latest) + 1, 0)
-    seg = np.where(is_cut, cut_rank, latest_rank)
+    latest_rank = np.where(latest >= 0, np.searchsorted(cut_local, latest + 64 * lo) + 1, 0)
+    seg = np.where(is_cut, np.cumsum(is_cut), latest_rank)
     units = clo.unit_array
     return (
         dict(zip(units[members].tolist(), seg.tolist(), strict=True)),

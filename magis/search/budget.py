@@ -87,10 +87,10 @@ class FissionCost:
     and simulating the split graph), in seconds per node of the graph it splits: the latest
     child's, measured; before the first, FISSION_PRIOR times the start's analysis (the F-Tree
     that offers the moves). On the 99,900-node Mamba step the first child, a whole-step split,
-    took 77 s: a 60 s search ran 117 s for that one state, where
-    its re-materializations and swaps alone reach 0.15 of the peak in the same 60 s. A move
-    whose child is expected to outlast the budget is not built. On graphs of a few thousand
-    nodes a child is a second or two and this never binds."""
+    took 77 s: a 60 s search ran 117 s for that one state, where its re-materializations and
+    swaps alone reach 0.15 of the peak in the same 60 s. A move whose child is expected to
+    outlast the budget is not built. On graphs of a few thousand nodes a child is a second or
+    two and this never binds."""
 
     per_node: float
 
