@@ -51,10 +51,11 @@ def test_objective_ranks_satisfying_states_first():
     assert lat.better(S(50, 0.9), S(100, 0.5))
 
 
-def test_a_warm_start_above_the_cap_waits_for_it():
-    """A baseline's plan that meets the memory limit at a high latency is not the first state
-    expanded and does not tighten the cap (the cheap lines go first); once the cap rises to
-    it, the cap tightens below it."""
+def test_a_plan_above_the_cap_waits_for_it():
+    """A plan that meets the memory limit at a high latency (a baseline's, or the search's
+    own whole-step split) is not the first state expanded and does not tighten the cap (the
+    cheap lines go first), but every other pop still takes it (the best by BetterThan); once
+    the cap rises to it, the cap tightens below it."""
     from dataclasses import dataclass
 
     from magis.search.queue import CAP_WINDOW, WARM_START_PREFIX, QueueOrder
@@ -67,12 +68,15 @@ def test_a_warm_start_above_the_cap_waits_for_it():
 
     order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
     order.observe(S(100, 1.0), 0.0)
+    assert not order.alternating
     warm = S(38, 1.06, (f"{WARM_START_PREFIX}xla-remat",))
     assert not order.observe(warm, 0.0) and not order.tightening
+    assert order.alternating
     cheap = S(90, 1.01)
     assert order.key(cheap) < order.key(warm)
-    found = S(38, 1.06, (f"{WARM_START_PREFIX}xla-remat", "remat"))  # the search's own
-    assert order.key(found) < order.key(cheap)
+    found = S(38, 1.06, ("fission:enable-direct",))  # the search's own
+    assert not order.observe(found, 0.0) and not order.tightening
+    assert order.key(cheap) < order.key(found)
     raises = [order.observe(S(90, 1.0), k * 1.5 * CAP_WINDOW) for k in range(1, 4)]
     assert any(raises) and order.tightening and order.cap < warm.latency
 
@@ -98,20 +102,22 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert not order.observe(S(79, 1.0), CAP_WINDOW + 0.01)  # 100 -> 79 in a window: fast
     assert order.observe(S(79, 1.0), 2.5 * CAP_WINDOW)  # nothing in a window: too slow
     assert order.cap == pytest.approx(cap + CAP_STEP)
-    assert order.observe(S(40, 1.4), 0.5)  # the limit is met: tighten below its latency
-    assert order.cap == pytest.approx(1.4 - CAP_STEP)
+    assert not order.observe(S(40, 1.4), 0.3)  # the limit met far above the cap: it waits
+    assert not order.tightening and order.cap == pytest.approx(cap + CAP_STEP)
+    assert order.observe(S(40, 1.04), 0.3)  # met within the cap: tighten below its latency
+    assert order.cap == pytest.approx(1.04 - CAP_STEP)
     # under the cap, memory first, ahead of the plan that met the limit and of dearer states
-    assert order.key(S(60, 1.1)) < order.key(S(79, 1.0)) < order.key(S(40, 1.4))
-    assert order.key(S(40, 1.4)) < order.key(S(45, 1.5))  # above it, BetterThan
-    assert order.worth_pushing(S(60, 1.1), best=S(40, 1.4))
-    assert not order.worth_pushing(S(60, 1.39), best=S(40, 1.4))  # over the cap, over the limit
-    assert not order.observe(S(40, 1.39), 0.6)  # meets the limit, but not faster by a step
-    assert order.observe(S(39, 1.2), 0.7) and order.cap == pytest.approx(1.2 - CAP_STEP)
+    assert order.key(S(60, 1.01)) < order.key(S(79, 1.0)) < order.key(S(40, 1.04))
+    assert order.key(S(40, 1.04)) < order.key(S(45, 1.5))  # above it, BetterThan
+    assert order.worth_pushing(S(60, 1.01), best=S(40, 1.04))
+    assert not order.worth_pushing(S(60, 1.03), best=S(40, 1.04))  # over the cap and the limit
+    assert not order.observe(S(40, 1.03), 0.6)  # meets the limit, but not faster by a step
+    assert order.observe(S(39, 1.01), 0.7) and order.cap == pytest.approx(1.01 - CAP_STEP)
     queue = SearchQueue(order)  # while tightening, every other pop is by BetterThan
-    for st in (S(60, 1.1), S(39, 1.19), S(38, 1.21), S(70, 1.0)):
+    for st in (S(60, 0.97), S(39, 1.0), S(38, 1.02), S(70, 0.96)):
         queue.push(st)
     popped = [queue.pop()[0] for _ in range(4)]
-    assert popped == [S(60, 1.1), S(39, 1.19), S(70, 1.0), S(38, 1.21)] and not queue
+    assert popped == [S(60, 0.97), S(39, 1.0), S(70, 0.96), S(38, 1.02)] and not queue
     lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
     dear = S(50, 1.08)
     assert lat.key(cheap) < lat.key(dear)  # swept: the cheap saving first
