@@ -42,7 +42,16 @@ TARGET_LENGTH, AUDIO_SAMPLES, LABEL_LENGTH = 8, 4000, 4
 
 
 # the config attributes that give an audio feature's width (mel bins per frame)
-MEL_BINS = ("num_mel_bins", "input_feat_per_channel", "feature_size")
+# (the width of the features a conformer's projection takes first: SeamlessM4T's and
+# Wav2Vec2-BERT's stack two frames of 80 bins, 160)
+MEL_BINS = (
+    "feature_projection_input_dim",
+    "num_mel_bins",
+    "input_feat_per_channel",
+    "feature_size",
+)
+# the main inputs of floats (the others are token ids)
+FEATURE_INPUTS = ("pixel_values", "input_values", "input_features")
 
 # Heads that classify a whole input: their loss is chosen by `config.problem_type`, which left
 # unset is inferred from the labels (some heads, DeBERTa's, then select the labelled rows by
@@ -91,11 +100,43 @@ def transformers_architectures() -> list[Architecture]:
 
 
 def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
-    """The architecture at its tiny config in `dtype`, seeded, with a batch for its task."""
+    """The architecture at its tiny config in `dtype`, seeded, with a batch for its task: the
+    first derivation and batch layout on which the training loss runs eagerly (the tiny
+    derivation, then the roomy one; `_layouts`), else the tiny one's last layout, whose error
+    the sweep records."""
     import transformers
 
     cls = getattr(transformers, arch.name)
-    config = tiny_config(cls.config_class())
+    loss = ctc_loss if arch.task == "CTC" else None
+    fallback: Case | None = None
+    refused: Exception | None = None
+    for roomy in (False, True):
+        try:
+            model, config = _tiny_model(cls, arch, dtype, seed, roomy)
+        except Exception as exc:  # noqa: BLE001 - a refusal: the next derivation
+            refused = refused or exc
+            continue
+        if loss is None and not _takes_labels(model):
+            raise NoTrainingHeadError(
+                f"{arch.name}.forward takes no labels: an inference-only head, with no loss to "
+                "train"
+            )
+        for layout in _layouts(model, config):
+            case = Case(model, _batch(arch.task, model, config, layout, dtype, seed), loss)
+            if _loss_runs(model, case.batch, loss):
+                return case
+            fallback = case if not roomy else fallback
+    if fallback is None:
+        assert refused is not None
+        raise refused
+    return fallback
+
+
+def _tiny_model(
+    cls: type, arch: Architecture, dtype: torch.dtype, seed: int, roomy: bool
+) -> tuple[torch.nn.Module, Any]:
+    """`cls` built seeded at its tiny (or roomy) config in `dtype`, in training mode."""
+    config = tiny_config(cls.config_class(), roomy)
     if arch.task in SINGLE_LABEL and hasattr(config, "problem_type"):
         config.problem_type = "single_label_classification"
     if arch.task == "CAUSAL_LM" and hasattr(config, "is_decoder"):
@@ -104,23 +145,46 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
     torch.set_default_dtype(dtype)
     try:
         torch.manual_seed(seed)
-        model = cls(config).to(dtype).train()
+        return cls(config).to(dtype).train(), config
     finally:
         torch.set_default_dtype(previous)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a batch is laid out: the main input's shape (None: token ids), the sequence's
+    length, and the codebooks stacked in the batch (Musicgen's decoder takes `num_codebooks`
+    rows of ids per sample, its labels [batch, length, codebooks])."""
+
+    shape: tuple[int, ...] | None
+    length: int = LENGTH
+    codebooks: int = 0
+
+
+def _layouts(model: torch.nn.Module, config: Any) -> list[Layout]:
+    """The layouts a batch may take, most common first: the main input's shapes
+    (`_main_input_shapes`); for token ids, also as many as the model's positions (Perceiver's
+    masked LM decodes one query per position: its logits are that long whatever the input),
+    and the codebooks stacked in the batch where the config names `num_codebooks`."""
+    layouts = [Layout(shape) for shape in _main_input_shapes(model, config)]
+    if layouts != [Layout(None)]:
+        return layouts
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and LENGTH < positions <= 4 * LENGTH:
+        layouts.append(Layout(None, positions))
+    codebooks = getattr(config, "num_codebooks", None)
+    if isinstance(codebooks, int) and codebooks > 1:
+        layouts.append(Layout(None, LENGTH, codebooks))
+    return layouts
+
+
+def _batch(
+    task: str, model: torch.nn.Module, config: Any, layout: Layout, dtype: torch.dtype, seed: int
+) -> dict[str, torch.Tensor]:
+    """The seeded batch of `layout` for a head of `task`."""
     generator = torch.Generator().manual_seed(seed)
-    loss = ctc_loss if arch.task == "CTC" else None
-    if loss is None and not _takes_labels(model):
-        raise NoTrainingHeadError(
-            f"{arch.name}.forward takes no labels: an inference-only head, with no loss to train"
-        )
-    shapes = _main_input_shapes(model, config)
-    for i, shape in enumerate(shapes):  # the first layout of the main input the step runs on
-        batch = task_batch(
-            arch.task, model, config, _main_input(model, config, shape, dtype, generator), generator
-        )
-        if i == len(shapes) - 1 or _loss_runs(model, batch, loss):
-            break
-    return Case(model, batch, loss)
+    inputs = _main_input(model, config, layout, dtype, generator)
+    return task_batch(task, model, config, inputs, generator, layout)
 
 
 def _loss_runs(model: torch.nn.Module, batch: dict[str, Any], loss: Callable | None) -> bool:
@@ -164,13 +228,17 @@ def task_batch(
     config: Any,
     inputs: dict[str, torch.Tensor],
     gen: torch.Generator,
+    layout: Layout | None = None,
 ) -> dict[str, torch.Tensor]:
     """The keyword batch a head of `task` trains on, with `labels=` so it returns `.loss`:
-    the main `inputs`, and what the task adds to them."""
+    the main `inputs`, and what the task adds to them (labels as long as `layout`'s sequence,
+    one per codebook where it stacks codebooks)."""
+    layout = layout or Layout(None)
     vocab = getattr(config, "vocab_size", None) or 2
     labels = getattr(config, "num_labels", 2)
     if task in ("CAUSAL_LM", "MASKED_LM"):
-        return {**inputs, "labels": _ids(gen, vocab, BATCH, LENGTH)}
+        codebooks = (layout.codebooks,) if layout.codebooks else ()
+        return {**inputs, "labels": _ids(gen, vocab, BATCH, layout.length, *codebooks)}
     if task in ("SEQ_TO_SEQ_CAUSAL_LM", "SPEECH_SEQ_2_SEQ"):
         # ids from 1: 0 is often the padding id, which the decoder's masks treat apart; the
         # decoder's inputs are given, as a config need not name the id that starts them
@@ -178,12 +246,12 @@ def task_batch(
         # its own input, so its labels are as long as the input
         takes = "decoder_input_ids" in inspect.signature(model.forward).parameters
         if not takes and "input_ids" in inputs:
-            return {**inputs, "labels": _ids(gen, vocab, BATCH, LENGTH)}
+            return {**inputs, "labels": _ids(gen, vocab, BATCH, layout.length)}
         target = 1 + _ids(gen, vocab - 1, BATCH, TARGET_LENGTH)
         decoder = {"decoder_input_ids": 1 + _ids(gen, vocab - 1, BATCH, TARGET_LENGTH)}
         return {**inputs, **(decoder if takes else {}), "labels": target}
     if task == "TOKEN_CLASSIFICATION":
-        return {**inputs, "labels": _ids(gen, labels, BATCH, LENGTH)}
+        return {**inputs, "labels": _ids(gen, labels, BATCH, layout.length)}
     if task == "CTC":  # anything but the blank (the padding id)
         blank = getattr(config, "pad_token_id", None) or 0
         ids = (blank + 1 + _ids(gen, vocab - 1, BATCH, LABEL_LENGTH)) % vocab
@@ -194,15 +262,15 @@ def task_batch(
 def _main_input(
     model: torch.nn.Module,
     config: Any,
-    shape: tuple[int, ...] | None,
+    layout: Layout,
     dtype: torch.dtype,
     gen: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """The model's main input (`model.main_input_name`) of `shape` (None: token ids)."""
+    """The model's main input (`model.main_input_name`) laid out as `layout`."""
     name = getattr(model, "main_input_name", "input_ids")
-    if shape is None:
-        return {name: _token_ids(config, gen)}
-    return {name: torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)}
+    if layout.shape is None:
+        return {name: _token_ids(config, gen, BATCH * max(layout.codebooks, 1), layout.length)}
+    return {name: torch.randn(layout.shape, generator=gen, dtype=torch.float64).to(dtype)}
 
 
 def _main_input_shapes(model: torch.nn.Module, config: Any) -> list[tuple[int, ...] | None]:
@@ -211,9 +279,20 @@ def _main_input_shapes(model: torch.nn.Module, config: Any) -> list[tuple[int, .
     frames, mel bins] as the conformers'; raw samples, or frames of mel bins as the audio
     spectrogram transformers'), of which the first the step runs on is taken."""
     name = getattr(model, "main_input_name", "input_ids")
-    if name not in ("pixel_values", "input_values", "input_features"):
+    if name not in FEATURE_INPUTS and getattr(model.config, "image_size", None) and _images(model):
+        name = "pixel_values"  # a generic name (Perceiver's `inputs`) on an image head
+    if name not in FEATURE_INPUTS:
         return [None]
     return list(_feature_shapes(name, config))
+
+
+def _images(model: torch.nn.Module) -> bool:
+    """Whether the model is an image classifier (its class in transformers' mapping)."""
+    from transformers.models.auto import modeling_auto
+
+    names = modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.values()
+    flat = {n for v in names for n in ((v,) if isinstance(v, str) else v)}
+    return type(model).__name__ in flat
 
 
 def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
@@ -247,10 +326,10 @@ def runs_eagerly(model: torch.nn.Module, inputs: dict[str, Any]) -> bool:
     return True
 
 
-def _token_ids(config: Any, gen: torch.Generator) -> torch.Tensor:
+def _token_ids(config: Any, gen: torch.Generator, rows: int, length: int) -> torch.Tensor:
     """Token ids, each row ending as a sentence does, with the end-of-sequence id."""
     vocab = getattr(config, "vocab_size", None) or 2
-    ids = _ids(gen, vocab, BATCH, LENGTH)
+    ids = _ids(gen, vocab, rows, length)
     eos = getattr(config, "eos_token_id", None)
     if isinstance(eos, int) and 0 <= eos < vocab:
         ids[:, -1] = eos

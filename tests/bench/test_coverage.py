@@ -5,13 +5,14 @@ PyTorch, its plan verified, its simulated peak equal to the measured one; and th
 runner that keeps a sweep going past a hang or a crash."""
 
 import json
+import math
 import os
 import time
 
 import pytest
 
 from magis.bench.coverage import PEAK_TOLERANCE, CoverageOptions, all_architectures, run_coverage
-from magis.bench.coverage_models import tiny_config
+from magis.bench.coverage_models import LENGTH, tiny_config
 from magis.bench.parallel import CellFailure, IsolatedRunner
 
 SAMPLE = (
@@ -136,6 +137,21 @@ def test_tiny_configs_keep_the_relations_between_fields():
     assert ssm.num_heads % ssm.n_groups == 0
     reformer = tiny_config(ReformerConfig())
     assert sum(reformer.axial_pos_embds_dim) == reformer.hidden_size == 64
+    assert math.prod(reformer.axial_pos_shape) == LENGTH  # training: exactly the sequence
+
+
+def test_the_sweep_2026_11_29_build_failures_fit_a_tiny_config():
+    """A default the model needs is chosen from the config's choices (X-MOD's language); the
+    roomy derivation keeps the hidden size's odd factors and the fractions of it (LayoutLMv3's
+    box embeddings: six of them make the hidden size) and each repeated layer kind twice
+    (Zamba's shared transformer needs two layers to share it)."""
+    from transformers import LayoutLMv3Config, XmodConfig, ZambaConfig
+
+    assert tiny_config(XmodConfig()).default_language == XmodConfig().languages[0]
+    layout = tiny_config(LayoutLMv3Config(), roomy=True)
+    assert layout.hidden_size == 96 == 4 * layout.coordinate_size + 2 * layout.shape_size
+    zamba = tiny_config(ZambaConfig(), roomy=True)
+    assert zamba.layers_block_type.count("hybrid") == 2 == zamba.num_hidden_layers // 2
 
 
 @pytest.mark.parametrize("name", ["WhisperForConditionalGeneration", "LasrForCTC"])
