@@ -23,7 +23,14 @@ sweep's `build` failures), so the caps are applied with the relations kept:
 - a list with one entry per layer is cut to the new depth keeping every kind of layer it names,
   and a count of some layers that no longer fits the depth is scaled to it;
 - expert groups divide the experts, attention windows fit the last stage's feature map, and
-  sizes that summed to the hidden size sum to the tiny one.
+  sizes that summed to the hidden size sum to the tiny one;
+- factors whose product was the number of positions multiply to the sweep's sequence length
+  (Reformer's axial positions), and a default left None takes the first of the choices the
+  config lists (X-MOD's language).
+
+The relations are functions of their own (`coverage_relations`). Where the tiny config does
+not fit a model, two roomier derivations are tried (`DERIVATIONS`: the hidden size with its
+odd factors, the widths at full size), the first on which the loss runs taken.
 
 A change the constructor does not take is set on the new config only where the constructor
 derived no such attribute (a derived `head_dim` is the constructor's, not the cap's).
@@ -101,6 +108,10 @@ TINY_INTS: Mapping[str, int] = {
     # cross-attention heads divide the width of inputs no config field names (Perceiver's
     # pixels with their position features: 261 or 322 channels), so there is one
     "num_cross_attention_heads": 1,
+    # a byte-level model's global width as its local parts name it, and its hashed n-gram
+    # vocabulary (BLT: 500,002 entries)
+    "hidden_size_global": 64,
+    "encoder_hash_byte_group_vocab": 512,
 }
 # Attributes a config may leave None for the model to derive or require: given the cap.
 FILL_WHEN_NONE = (
@@ -131,27 +142,34 @@ NO_RANDOM_CHOICE = (
 # A training step computes every position at once and keeps no key/value cache (a cache is
 # inference's; hybrid models without attention layers even fail to size one).
 TRAINING: Mapping[str, Any] = {"use_cache": False}
-# The roomy derivation's widest hidden size: the full one halved down to at most this keeps its
-# odd factors (768 -> 96, still divisible by 6; 4096 -> 64 as in the first derivation).
+# The derivations tried in turn, the first on which the training loss runs taken
+# (`coverage_models`): "tiny" caps every size; "roomy" halves the hidden size down to at most
+# `ROOMY_HIDDEN`, which keeps its odd factors (768 -> 96, still divisible by 6 for a layout
+# model's six box embeddings; 4096 -> 64 as "tiny"), keeps fractions of it and each repeated
+# kind of layer twice; "wide" also leaves the widths at their full size (a CNN whose head
+# width is computed from a scaling rule, not read from `hidden_dim`: EfficientNet) and gives
+# the image twice the side (a network whose strides exceed the tiny image: MobileViT v2).
+DERIVATIONS = ("tiny", "roomy", "wide")
 ROOMY_HIDDEN = 128
+WIDTHS = ("hidden_sizes", "embed_dims", *HIDDEN_NAMES)
 
 
-def tiny_config(config: Any, roomy: bool = False) -> Any:
+def tiny_config(config: Any, derivation: str = "tiny") -> Any:
     """A tiny config of `config`'s class (module docstring); its sub-configs (an
-    encoder-decoder's text and vision parts) made tiny the same way. `roomy`: the second
-    derivation, for a model the first does not fit (`ROOMY`)."""
-    return rebuilt(config, tiny_changes(config, roomy))
+    encoder-decoder's text and vision parts) made tiny the same way. `derivation`: one of
+    `DERIVATIONS`, for a model the tiny one does not fit."""
+    return rebuilt(config, tiny_changes(config, derivation))
 
 
-def tiny_changes(config: Any, roomy: bool = False) -> dict[str, Any]:
+def tiny_changes(config: Any, derivation: str = "tiny") -> dict[str, Any]:
     """The attributes of `config` to change, by name, with the relations between them kept."""
     before = dict(vars(config))
     changes = {k: v for k, v in TRAINING.items() if k in before and before[k] != v}
     for key, value in before.items():
-        new = _tiny_value(key, value, roomy)
+        new = _tiny_value(key, value, derivation)
         if new is not value:
             changes[key] = new
-    for fix in rel.ROOMY_RELATIONS if roomy else rel.RELATIONS:
+    for fix in rel.RELATIONS if derivation == "tiny" else rel.ROOMY_RELATIONS:
         changes.update(fix(before, {**before, **changes}))
     return changes
 
@@ -196,11 +214,16 @@ def _constructor_arguments(cls: type) -> set[str] | None:
     return {p.name for p in params}
 
 
-def _tiny_value(key: str, value: Any, roomy: bool = False) -> Any:
+def _tiny_value(key: str, value: Any, derivation: str = "tiny") -> Any:
     """The tiny value of one attribute, or `value` itself where it stays."""
     if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-        return tiny_config(value, roomy)
-    if roomy and key in HIDDEN_NAMES and isinstance(value, int) and not isinstance(value, bool):
+        return tiny_config(value, derivation)
+    number = isinstance(value, int) and not isinstance(value, bool)
+    if derivation == "wide" and key in WIDTHS:
+        return value
+    if derivation == "wide" and key == "image_size" and number:
+        return min(value, 2 * IMAGE)
+    if derivation != "tiny" and key in HIDDEN_NAMES and number:
         return rel.halved_to(value, ROOMY_HIDDEN)
     if key in TINY_LISTS and isinstance(value, list | tuple) and value:
         capped = [min(v, TINY_LISTS[key]) if isinstance(v, int) else v for v in value]

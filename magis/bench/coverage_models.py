@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from magis.bench.coverage_configs import BATCH, IMAGE, LENGTH, tiny_config
+from magis.bench.coverage_configs import BATCH, DERIVATIONS, IMAGE, LENGTH, tiny_config
 from magis.errors import MagisError
 
 TRANSFORMERS, DIFFUSERS = "transformers", "diffusers"
@@ -102,17 +102,17 @@ def transformers_architectures() -> list[Architecture]:
 def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 0) -> Case:
     """The architecture at its tiny config in `dtype`, seeded, with a batch for its task: the
     first derivation and batch layout on which the training loss runs eagerly (the tiny
-    derivation, then the roomy one; `_layouts`), else the tiny one's last layout, whose error
-    the sweep records."""
+    derivation, then the roomy and wide ones: `DERIVATIONS`; `_layouts`), else the tiny one's
+    last layout, whose error the sweep records."""
     import transformers
 
     cls = getattr(transformers, arch.name)
     loss = ctc_loss if arch.task == "CTC" else None
     fallback: Case | None = None
     refused: Exception | None = None
-    for roomy in (False, True):
+    for derivation in DERIVATIONS:
         try:
-            model, config = _tiny_model(cls, arch, dtype, seed, roomy)
+            model, config = _tiny_model(cls, arch, dtype, seed, derivation)
         except Exception as exc:  # noqa: BLE001 - a refusal: the next derivation
             refused = refused or exc
             continue
@@ -125,7 +125,7 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
             case = Case(model, _batch(arch.task, model, config, layout, dtype, seed), loss)
             if _loss_runs(model, case.batch, loss):
                 return case
-            fallback = case if not roomy else fallback
+            fallback = case if derivation == "tiny" else fallback
     if fallback is None:
         assert refused is not None
         raise refused
@@ -133,10 +133,10 @@ def build_transformers_case(arch: Architecture, dtype: torch.dtype, seed: int = 
 
 
 def _tiny_model(
-    cls: type, arch: Architecture, dtype: torch.dtype, seed: int, roomy: bool
+    cls: type, arch: Architecture, dtype: torch.dtype, seed: int, derivation: str
 ) -> tuple[torch.nn.Module, Any]:
-    """`cls` built seeded at its tiny (or roomy) config in `dtype`, in training mode."""
-    config = tiny_config(cls.config_class(), roomy)
+    """`cls` built seeded at the config of `derivation` in `dtype`, in training mode."""
+    config = tiny_config(cls.config_class(), derivation)
     if arch.task in SINGLE_LABEL and hasattr(config, "problem_type"):
         config.problem_type = "single_label_classification"
     if arch.task == "CAUSAL_LM" and hasattr(config, "is_decoder"):
@@ -277,22 +277,36 @@ def _main_input_shapes(model: torch.nn.Module, config: Any) -> list[tuple[int, .
     """The shapes the main input may take, at the sweep's sizes: None for token ids; audio
     features in either layout a library uses ([batch, mel bins, frames] as Whisper's, [batch,
     frames, mel bins] as the conformers'; raw samples, or frames of mel bins as the audio
-    spectrogram transformers'), of which the first the step runs on is taken."""
+    spectrogram transformers'), of which the first the step runs on is taken. A main input of
+    a generic name (`inputs`: Perceiver, the speech encoder-decoder) takes the kind of input
+    its head's mapping trains on."""
     name = getattr(model, "main_input_name", "input_ids")
-    if name not in FEATURE_INPUTS and getattr(model.config, "image_size", None) and _images(model):
-        name = "pixel_values"  # a generic name (Perceiver's `inputs`) on an image head
+    if name not in (*FEATURE_INPUTS, "input_ids"):
+        kind = _mapped_input(type(model).__name__)
+        return list(_feature_shapes(kind, config)) if kind else [None]
     if name not in FEATURE_INPUTS:
         return [None]
     return list(_feature_shapes(name, config))
 
 
-def _images(model: torch.nn.Module) -> bool:
-    """Whether the model is an image classifier (its class in transformers' mapping)."""
+# the input a class of these mappings trains on, where its main input's name does not say
+MAPPED_INPUTS = {
+    "IMAGE_CLASSIFICATION": "pixel_values",
+    "SPEECH_SEQ_2_SEQ": "input_values",  # raw samples: the speech encoder-decoder's Wav2Vec2
+    "CTC": "input_values",
+    "AUDIO_CLASSIFICATION": "input_values",
+}
+
+
+def _mapped_input(name: str) -> str | None:
+    """The kind of input (`FEATURE_INPUTS`) the class `name` takes by its mapping, if any."""
     from transformers.models.auto import modeling_auto
 
-    names = modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.values()
-    flat = {n for v in names for n in ((v,) if isinstance(v, str) else v)}
-    return type(model).__name__ in flat
+    for task, kind in MAPPED_INPUTS.items():
+        names = getattr(modeling_auto, f"MODEL_FOR_{task}_MAPPING_NAMES", {}).values()
+        if name in {n for v in names for n in ((v,) if isinstance(v, str) else v)}:
+            return kind
+    return None
 
 
 def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
@@ -312,7 +326,9 @@ def _feature_shapes(name: str, config: Any) -> list[tuple[int, ...]]:
         return [(BATCH, AUDIO_SAMPLES), (BATCH, 1, AUDIO_SAMPLES), *spectrogram]
     frames = 2 * getattr(config, "max_source_positions", LENGTH)
     mel = mel if isinstance(mel, int) else 16
-    return [(BATCH, mel, frames), (BATCH, frames, mel)]
+    # frames stacked in twos or fours (Granite Speech's encoder projects 4 x mel bins)
+    stacked = [(BATCH, frames, k * mel) for k in (2, 4)]
+    return [(BATCH, mel, frames), (BATCH, frames, mel), *stacked]
 
 
 def runs_eagerly(model: torch.nn.Module, inputs: dict[str, Any]) -> bool:

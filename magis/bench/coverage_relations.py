@@ -77,7 +77,7 @@ def layer_counts_fit(before: Values, now: Values) -> dict[str, Any]:
         if key.endswith("_layers")
         and key not in LAYER_COUNT_NAMES
         and _int(before, key)
-        and new <= value < old
+        and new < value < old
     }
 
 

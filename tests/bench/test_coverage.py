@@ -148,9 +148,9 @@ def test_the_sweep_2026_11_29_build_failures_fit_a_tiny_config():
     from transformers import LayoutLMv3Config, XmodConfig, ZambaConfig
 
     assert tiny_config(XmodConfig()).default_language == XmodConfig().languages[0]
-    layout = tiny_config(LayoutLMv3Config(), roomy=True)
+    layout = tiny_config(LayoutLMv3Config(), derivation="roomy")
     assert layout.hidden_size == 96 == 4 * layout.coordinate_size + 2 * layout.shape_size
-    zamba = tiny_config(ZambaConfig(), roomy=True)
+    zamba = tiny_config(ZambaConfig(), derivation="roomy")
     assert zamba.layers_block_type.count("hybrid") == 2 == zamba.num_hidden_layers // 2
 
 
