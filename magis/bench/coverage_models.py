@@ -159,6 +159,7 @@ class Layout:
     shape: tuple[int, ...] | None
     length: int = LENGTH
     codebooks: int = 0
+    extras: bool = False  # the optional inputs of `EXTRAS` the forward names, given
 
 
 def _layouts(model: torch.nn.Module, config: Any) -> list[Layout]:
@@ -175,7 +176,34 @@ def _layouts(model: torch.nn.Module, config: Any) -> list[Layout]:
     codebooks = getattr(config, "num_codebooks", None)
     if isinstance(codebooks, int) and codebooks > 1:
         layouts.append(Layout(None, LENGTH, codebooks))
+    if set(EXTRAS) & set(inspect.signature(model.forward).parameters):
+        layouts.append(Layout(None, extras=True))
     return layouts
+
+
+# Optional inputs of token models that some heads need all the same: an image beside the text
+# (GIT's loss skips the image's tokens in its logits), word boxes (BROS has no default
+# layout), each made by its function from the config and the generator.
+EXTRAS = ("pixel_values", "bbox")
+
+
+def _extras(
+    model: torch.nn.Module, config: Any, dtype: torch.dtype, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """The inputs of `EXTRAS` the model's forward names."""
+    names = inspect.signature(model.forward).parameters
+    extras: dict[str, torch.Tensor] = {}
+    if "pixel_values" in names:
+        vision = getattr(config, "vision_config", None) or config
+        side = getattr(vision, "image_size", IMAGE)
+        side = side if isinstance(side, int) else IMAGE
+        channels = getattr(vision, "num_channels", 3)
+        shape = (BATCH, channels, side, side)
+        extras["pixel_values"] = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    if "bbox" in names:  # (x0, y0, x1, y1) in 0..1000, each box's corners in order
+        corners = torch.randint(0, 1001, (BATCH, LENGTH, 2, 2), generator=gen).sort(dim=2)
+        extras["bbox"] = corners.values.transpose(2, 3).reshape(BATCH, LENGTH, 4)
+    return extras
 
 
 def _batch(
@@ -184,6 +212,8 @@ def _batch(
     """The seeded batch of `layout` for a head of `task`."""
     generator = torch.Generator().manual_seed(seed)
     inputs = _main_input(model, config, layout, dtype, generator)
+    if layout.extras:
+        inputs.update(_extras(model, config, dtype, generator))
     return task_batch(task, model, config, inputs, generator, layout)
 
 
