@@ -38,6 +38,7 @@ derived no such attribute (a derived `head_dim` is the constructor's, not the ca
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -217,7 +218,9 @@ def _constructor_arguments(cls: type) -> set[str] | None:
 def _tiny_value(key: str, value: Any, derivation: str = "tiny") -> Any:
     """The tiny value of one attribute, or `value` itself where it stays."""
     if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-        return tiny_config(value, derivation)
+        # a copy: a sub-config changed in place (its constructor refused the caps) would
+        # change the full-size values the relations read
+        return tiny_config(copy.deepcopy(value), derivation)
     number = isinstance(value, int) and not isinstance(value, bool)
     if derivation == "wide" and key in WIDTHS:
         return value

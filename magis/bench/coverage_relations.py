@@ -66,18 +66,19 @@ def _kinds(values: list[Any], repeats: int) -> list[str]:
 
 def layer_counts_fit(before: Values, now: Values) -> dict[str, Any]:
     """A count of some of the layers (`num_kv_shared_layers`: the last 15 of 35 share their
-    keys and values) that no longer fits the new depth, scaled to it (rounded down)."""
+    keys and values) that no longer fits the new depth, scaled to it (rounded down); a count of
+    all of them (a Gemma 4 assistant shares every layer's keys and values) is the new depth."""
     depths = [(_int(before, k), _int(now, k)) for k in LAYER_COUNT_NAMES]
     old, new = next(((o, n) for o, n in depths if o and n and n < o), (None, None))
     if old is None or new is None:
         return {}
     return {
-        key: value * new // old
+        key: value * new // old  # all of them: the new depth
         for key, value in before.items()
         if key.endswith("_layers")
         and key not in LAYER_COUNT_NAMES
         and _int(before, key)
-        and new < value < old
+        and new < value <= old
     }
 
 
@@ -258,6 +259,33 @@ def fractions_of_the_hidden_size(before: Values, now: Values) -> dict[str, Any]:
     return changes
 
 
+def widths_of_the_text(before: Values, now: Values) -> dict[str, Any]:
+    """A sub-config's output width that was the text model's hidden size (Dots3 Note's vision
+    and audio adapters project into the text's width, which its config validates) is the
+    tiny text model's hidden size."""
+    text_before, text_now = before.get("text_config"), now.get("text_config")
+    if not _is_config(text_before) or not _is_config(text_now):
+        return {}
+    key, old = _first(vars(text_before), HIDDEN_NAMES)
+    new = _int(vars(text_now), key) if key else None
+    if not old or not new or new == old:
+        return {}
+    changes: dict[str, Any] = {}
+    for name, sub in now.items():
+        was = before.get(name)
+        if name == "text_config" or not _is_config(sub) or not _is_config(was):
+            continue
+        for attr, value in vars(was).items():
+            if attr.endswith(("_out_dim", "_output_dim")) and value == old:
+                setattr(sub, attr, new)
+                changes[name] = sub
+    return changes
+
+
+def _is_config(value: Any) -> bool:
+    return hasattr(value, "to_dict") and hasattr(value, "model_type")
+
+
 def halved_to(value: int, most: int) -> int:
     """`value` halved until it is at most `most`: a tiny size with the full one's odd factors
     (768 -> 96, still divisible by 3 and by 6)."""
@@ -275,6 +303,7 @@ RELATIONS = (
     parts_of_the_hidden_size,
     positions_factored,
     defaults_from_choices,
+    widths_of_the_text,
     token_ids_in_vocabulary,
     start_ids,
 )
