@@ -36,7 +36,7 @@ choose what to materialize are in ftree_moves.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import rustworkx as rx
@@ -320,12 +320,11 @@ def materialize(
         current, ids = _ordered_base(graph, order)
         applied, applied_n = [], []
     done = set(applied)
-    touched: set[int] = set()
-    removed: set[int] = set()
+    changes = SplitChanges(first_new=current.next_id)
     pending = {t: None for t in tree.preorder() if tree.nodes[t].enabled and t not in done}
     while pending:  # a dict: preorder kept, membership in O(1)
         wave = [t for t in pending if not any(a in pending for a in tree.ancestors(t))]
-        current, ids = _apply_wave(current, ids, tree, wave, touched, removed)
+        current, ids = _apply_wave(current, ids, tree, wave, changes)
         applied.extend(wave)
         applied_n.extend(tree.nodes[t].n for t in wave)
         for t in wave:
@@ -336,8 +335,8 @@ def materialize(
         tuple(applied),
         tuple(applied_n),
         start is not None,
-        frozenset(touched),
-        frozenset(removed),
+        frozenset(changes.touched),
+        frozenset(changes.removed),
     )
 
 
@@ -360,8 +359,29 @@ def _ordered_base(graph: Graph, order: Sequence[int] | None) -> tuple[Graph, dic
     return current, {v: [i] for v, i in zip(order, current.program_order(), strict=True)}
 
 
+@dataclass
+class SplitChanges:
+    """What a materialization changed since it began: nodes created or re-wired (`touched`)
+    and nodes of the graph it began from that are gone (`removed`). Node ids only grow, so a
+    node at or above `first_new` was created by it: one created and then removed by a later
+    wave is no change at all, while one it began with, re-wired by one wave and removed by the
+    next, is removed (it was dropped from `touched` and missed from `removed`: the child's
+    derived tables kept its storage, T5's loss block split after its batch split)."""
+
+    first_new: int
+    touched: set[int] = field(default_factory=set)
+    removed: set[int] = field(default_factory=set)
+
+    def record(self, res) -> None:
+        for v in res.removed:
+            self.touched.discard(v)
+            if v < self.first_new:
+                self.removed.add(v)
+        self.touched |= res.touched
+
+
 def _apply_wave(
-    current: Graph, ids: dict, tree: FTree, wave: list[int], touched: set, removed: set
+    current: Graph, ids: dict, tree: FTree, wave: list[int], changes: SplitChanges
 ) -> tuple[Graph, dict]:
     """Split every copy of the wave's tree nodes (one copy per part of an enabled ancestor;
     no node of the wave is another's ancestor) in one copy of the graph, adding to `touched`
@@ -379,18 +399,18 @@ def _apply_wave(
             jobs.append((t, tuple(sorted((ids[v][j], a) for v, a in split))))
     originals = [v for t in wave for v, _ in tree.nodes[t].ftrans.split]
     try:
-        return _split_jobs(current, ids, tree, jobs, originals, touched, removed)
+        return _split_jobs(current, ids, tree, jobs, originals, changes)
     except _NotTogether:
         if len(wave) > 1:  # each node's copies from the ids the previous one left
             for t in wave:
-                current, ids = _apply_wave(current, ids, tree, [t], touched, removed)
+                current, ids = _apply_wave(current, ids, tree, [t], changes)
             return current, ids
         for job in jobs:  # one node's copies are apart: splitting one leaves the others' ids
-            current, ids = _split_jobs(current, ids, tree, [job], originals, touched, removed)
+            current, ids = _split_jobs(current, ids, tree, [job], originals, changes)
         return current, ids
 
 
-def _split_jobs(current, ids, tree, jobs, originals, touched, removed) -> tuple[Graph, dict]:
+def _split_jobs(current, ids, tree, jobs, originals, changes: SplitChanges) -> tuple[Graph, dict]:
     infos = []
     for t, split in jobs:
         info = check(current, FTrans(split, tree.nodes[t].n))
@@ -400,12 +420,7 @@ def _split_jobs(current, ids, tree, jobs, originals, touched, removed) -> tuple[
             raise FissionError(f"F-Tree node {t} cannot be applied: {info.reason}")
         infos.append(info)
     res = split_graphs(current, infos)
-    for v in res.removed:
-        if v in touched:
-            touched.discard(v)
-        else:
-            removed.add(v)
-    touched |= res.touched
+    changes.record(res)
     ids = dict(ids)  # only the split originals' copies changed (the rest kept their ids)
     for v in originals:
         ids[v] = [x for old in ids[v] for x in res.ids.get(old, (old,))]

@@ -1068,3 +1068,42 @@ def test_unrolled_gru_cells_split_as_their_rules_say(one_thread):
     new = [c for c in cases if c[1].__name__.split(".")[0] in ("unbind", "stack", "unsafe_split")]
     assert {c[1].__name__.split(".")[0] for c in new} == {"unbind", "stack", "unsafe_split"}
     assert _checked_splits(new) >= 6
+
+
+def test_a_materialization_reports_every_node_it_removed_across_waves_and_continuations():
+    """`Materialized.removed` is exactly the nodes of the graph it began from that are gone,
+    `touched` only nodes of the result: a node re-wired by one wave and removed by the next
+    (an enabled node, then one inside it split again per part) was once dropped from both,
+    and the child's derived tables kept its storage (T5's search failed to simulate)."""
+    from magis.rules.fission import materialize
+    from magis.search import fission_moves
+
+    _, step = workload_step("corpus:t5:tiny", dtype=torch.float64)
+    base, base_order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    ranked = sorted(range(len(tree.nodes)), key=lambda i: -tree.nodes[i].score)
+    outer = next(i for i in ranked if tree.descendants(i))
+    inner = max(tree.descendants(outer), key=lambda d: tree.nodes[d].score)
+    first = tree.with_n(outer, 2)
+    mat = materialize(base, first, list(base_order))
+    both = first.with_n(inner, 2)
+    for began, done in (
+        (base, materialize(base, both, list(base_order))),
+        (mat.graph, materialize(base, both, list(base_order), mat)),
+    ):
+        assert done.removed == frozenset(set(began.nodes) - set(done.graph.nodes))
+        assert done.touched <= set(done.graph.nodes)
+
+
+def test_split_changes_count_a_node_rewired_then_removed_as_removed():
+    """The bookkeeping across waves (`SplitChanges`): a node the materialization began with,
+    re-wired by one split and removed by the next, is removed; one it created and removed is
+    no change; the T5 search state where the first was lost failed to simulate."""
+    from types import SimpleNamespace
+
+    from magis.rules.fission import SplitChanges
+
+    changes = SplitChanges(first_new=100)
+    changes.record(SimpleNamespace(touched={7, 100, 101}, removed={3}))  # 7 re-wired
+    changes.record(SimpleNamespace(touched={102}, removed={7, 101}))
+    assert changes.removed == {3, 7}
+    assert changes.touched == {100, 102}
