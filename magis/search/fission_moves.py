@@ -217,14 +217,12 @@ def _all_moves(tree, wants_time: bool, twins: bool = False) -> Iterator[Mutation
     else:
         if twins:
             yield from _twin_moves(tree)
-        yield from _dense_moves(tree)
         yield from _direct_moves(tree)
         yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
     yield from sorted(mutations(tree), key=rank)
     if wants_time:  # the large splits last: they cost time
         if twins:
             yield from _twin_moves(tree)
-        yield from _dense_moves(tree)
         yield from _direct_moves(tree)
         yield from _level_moves(tree, (MutationKind.ENABLE, MutationKind.MUTATE))
 
@@ -244,34 +242,42 @@ def _direct_moves(tree) -> Iterator[Mutation]:
     """The highest-score tree-nodes enabled in one move, where Fig. 7's rules need a leaf
     enabled and then lifted level by level. The root of gpt-neo-1.3b's tree (3,556 nodes,
     L = 4) split in 4 gives 0.31 of the peak at 1.04 of the latency; reaching it through leaf
-    and lift moves, each a materialization of seconds, outlasted a 180 s budget."""
+    and lift moves, each a materialization of seconds, outlasted a 180 s budget.
+
+    Second, right after the highest-score node, comes the densest (`_densest`): the node that
+    saves the most per op it splits, leaf or not."""
     nodes = sorted(directly_enableable(tree), key=lambda i: -tree.nodes[i].score)
-    for i in nodes[:DIRECT_MOVES]:
-        if not tree.children(i):  # a leaf is the ordinary enable move
-            continue
+    inner = [i for i in nodes[:DIRECT_MOVES] if tree.children(i)]  # a leaf: the plain enable
+    dense = [i for i in _densest(tree, nodes) if i not in inner]
+    for i in [*inner[:1], *dense, *inner[1:]]:
+        kind = "enable-dense" if i in dense else "enable-direct"
         for n in reversed(direct_fission_numbers(tree, i, DIRECT_FISSION_NUMBERS)):
-            yield Mutation("enable-direct", i, lambda i=i, n=n: enable_directly(tree, i, n))
+            yield Mutation(kind, i, lambda i=i, n=n: enable_directly(tree, i, n))
 
 
 DENSE_MOVES = 1  # tree-nodes offered by the bytes they save per op they split
 
 
-def _dense_moves(tree) -> Iterator[Mutation]:
-    """The tree-nodes that promise the most per op they split (score / size), enabled in one
-    move in about 8, 4 and 2 parts, largest first: leaves too, where the ordinary enable
-    splits in 2 and each further step (Fig. 7 (d)) must improve on its own.
+def _densest(tree, enableable: list[int]) -> list[int]:
+    """The `DENSE_MOVES` tree-nodes that promise the most per op they split (score / size),
+    among those worth a split (`TWIN_MIN_SCORE`).
 
     The highest scores belong to the largest regions, whose splits cost the most time: on
-    Qwen2's FSDP step the top three tree-nodes (6,170, 3,879 and 1,401 ops) split in 8 cost
-    1.2-1.8 of the step, while the loss block (17 ops, 7 GiB of its 41 GiB peak) split in 8
-    cost 1.017 and, with a min-cut re-materialization after it, reached 0.399 of the peak at
-    1.17 (full activation checkpointing: 0.357 at 1.28). Offered only by score, it was the
-    fourth, in 2 parts, and never split further."""
+    Qwen2's FSDP step on an H100 the top three tree-nodes (6,170, 3,879 and 1,401 ops) split
+    in 8 cost 1.2-1.8 of the step, while the loss block (17 ops, 7 GiB of the 41 GiB peak)
+    split in 8 cost 1.017 and, with a min-cut re-materialization after it, reached 0.399 of
+    the peak at 1.17 (full activation checkpointing: 0.357 at 1.28). Offered by score alone,
+    it was the fourth, a leaf enabled in 2 parts, and never split further. It is offered
+    after the highest-score node, not before it: enabling it closes its ancestors to this
+    lineage, and where the whole step's split fits the limit it saves far more (GPT-2 and
+    OPT on an RTX 3090 under 1.10, 1,500 states: 0.279 and 0.197 of the peak without it,
+    0.348 and 0.307 with it first, 0.321 and 0.203 with it second). What it costs GPT-2 at
+    second place (0.277 -> 0.312 at 2,500 states; T5, ViT, Qwen2 within 0.003) is the price
+    of Qwen2's FSDP step (0.529 -> 0.465 at 1,500 states; under full checkpointing's peak,
+    1.36 -> 1.19 of the step in 60 s)."""
     top = max((x.score for x in tree.nodes), default=0.0)
-    worth = [i for i in directly_enableable(tree) if tree.nodes[i].score >= TWIN_MIN_SCORE * top]
-    for i in sorted(worth, key=lambda i: -_density(tree, (i,)))[:DENSE_MOVES]:
-        for n in reversed(direct_fission_numbers(tree, i, DIRECT_FISSION_NUMBERS)):
-            yield Mutation("enable-dense", i, lambda i=i, n=n: enable_directly(tree, i, n))
+    worth = [i for i in enableable if tree.nodes[i].score >= TWIN_MIN_SCORE * top]
+    return sorted(worth, key=lambda i: -_density(tree, (i,)))[:DENSE_MOVES]
 
 
 TWIN_MOVES = 1  # twin groups offered, the densest first
