@@ -154,12 +154,21 @@ def parts_of_the_hidden_size(before: Values, now: Values) -> dict[str, Any]:
         return {}
     return {
         key: type(value)(_split(new, list(value)))
-        for key, value in before.items()
+        for key, value in _int_lists(before, least=1)
+        if sum(value) == old
+    }
+
+
+def _int_lists(values: Values, least: int) -> list[tuple[str, list | tuple]]:
+    """The (key, value) pairs of `values` that are lists of two or more ints, each at least
+    `least`: the size lists that combine (a sum, a product) into another field."""
+    return [
+        (key, value)
+        for key, value in values.items()
         if isinstance(value, list | tuple)
         and len(value) > 1
-        and all(type(v) is int and v > 0 for v in value)
-        and sum(value) == old
-    }
+        and all(type(v) is int and v >= least for v in value)
+    ]
 
 
 def _split(total: int, weights: list[int]) -> list[int]:
@@ -203,11 +212,8 @@ def positions_factored(before: Values, now: Values) -> dict[str, Any]:
         return {}
     return {
         key: type(value)(_factors(LENGTH, len(value)))
-        for key, value in before.items()
-        if isinstance(value, list | tuple)
-        and len(value) > 1
-        and all(type(v) is int and v > 1 for v in value)
-        and math.prod(value) == old
+        for key, value in _int_lists(before, least=2)
+        if math.prod(value) == old
     }
 
 
