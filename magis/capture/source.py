@@ -16,7 +16,8 @@ import logging
 import re
 import sysconfig
 import traceback
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -139,6 +140,48 @@ def failure_site(exc: BaseException) -> SourceLine | None:
     return SourceLine(path, lineno, code, _function_lines(frame, lineno))
 
 
+# A frame of a traceback as Python formats it: file, line number, function, then the code.
+_FORMATTED_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n[ \t]*([^\n]*)')
+_FORWARD_TRACEBACK = "Traceback of forward call"
+
+
+def in_backward(exc: BaseException) -> bool:
+    """Whether `exc` was raised while autograd's engine ran the backward: then no frame of the
+    user's code is on the stack, only of the forward that recorded the failing op."""
+    return any(
+        frame.f_code.co_name == "_engine_run_backward"
+        for link in _chain(exc)
+        for frame, _ in traceback.walk_tb(link.__traceback__)
+    )
+
+
+def forward_site(rerun: Callable[[], object]) -> SourceLine | None:
+    """Where the forward recorded the op whose backward failed: `rerun()` (the failed trace
+    again) under autograd's anomaly mode, which keeps each op's forward stack and warns it
+    when the op's backward raises; the innermost frame of the user's or a library's code in
+    that stack. Run only after a failure: the mode formats a stack for every op recorded."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # it fails again; the warning is the point
+        with torch.autograd.detect_anomaly(check_nan=False), contextlib.suppress(Exception):
+            rerun()
+    for warning in reversed(caught):
+        text = str(warning.message)
+        if _FORWARD_TRACEBACK in text:
+            return innermost_user_frame(text[text.index(_FORWARD_TRACEBACK) :])
+    return None
+
+
+def innermost_user_frame(formatted: str) -> SourceLine | None:
+    """The last frame of the user's or a library's code in a formatted stack (`File "...",
+    line N, in f` then its code)."""
+    found = None
+    for path, lineno, code in _FORMATTED_FRAME.findall(formatted):
+        if _is_user_file(Path(path)):
+            found = SourceLine(Path(path).resolve(), int(lineno), code.strip())
+    return found
+
+
 _DATA_DEPENDENT = frozenset(
     {
         "DataDependentOutputException",
@@ -212,13 +255,21 @@ def fake_kernel_failures_kept() -> Iterator[list[str]]:
         logger.removeFilter(keep)
 
 
-def capture_failure(exc: BaseException, logged: Sequence[str] = ()) -> CaptureError:
+def capture_failure(
+    exc: BaseException, logged: Sequence[str] = (), rerun: Callable[[], object] | None = None
+) -> CaptureError:
     """`exc`, raised while tracing, as the one-line error the user sees: a value read in Python
     (`ValueReadError`) or another trace failure (`TraceFailedError`), each naming the source
     line where it happened (`failure_site`). A value read on a line that tests a LayerDrop or
     stochastic-depth field also names the field to set: that is training-only random control
-    flow, which one static graph cannot hold (README "Coverage")."""
+    flow, which one static graph cannot hold (README "Coverage"). A failure in the backward
+    names the forward line whose backward it was (`forward_site`, with `rerun`: the trace
+    again)."""
     site, op = failure_site(exc), failed_op(exc, logged)
+    if site is None and rerun is not None and in_backward(exc):
+        site = forward_site(rerun)
+        if site is not None:
+            return _backward_failure(exc, site, op)
     at = (f" at {site}" if site is not None else "") + (f", in {op}" if op else "")
     if is_data_dependent(exc):
         field = site.random_depth_field() if site is not None else None
@@ -243,3 +294,19 @@ def capture_failure(exc: BaseException, logged: Sequence[str] = ()) -> CaptureEr
     lines = str(exc).strip().splitlines()
     first = lines[0] if lines else ""
     return TraceFailedError(f"tracing failed{at}: {type(exc).__name__}: {first}")
+
+
+def _backward_failure(exc: BaseException, site: SourceLine, op: str | None) -> CaptureError:
+    """A failure in the backward of the op `site` recorded (`capture_failure`)."""
+    within = f" (in {op})" if op else ""
+    if is_data_dependent(exc):
+        return ValueReadError(
+            f"cannot capture a static graph: the backward of {site} needs a tensor's value"
+            f"{within}, as indexing by a boolean mask does; write it as tensor arithmetic "
+            "(torch.where, or the mask multiplied in) or move it out of the step"
+        )
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    return TraceFailedError(
+        f"tracing failed in the backward of {site}{within}: {type(exc).__name__}: {first}"
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from unittest import mock
 
 import torch
@@ -107,7 +108,8 @@ def _trace_functional(
         except MagisError:
             raise
         except Exception as exc:  # noqa: BLE001 - torch raises many types; classify, re-raise
-            raise capture_failure(exc, logged) from exc
+            rerun = partial(_trace_once_or_twice, fn, fake_args, root)
+            raise capture_failure(exc, logged, rerun) from exc
 
 
 def _trace_once_or_twice(

@@ -142,3 +142,28 @@ def test_a_value_read_on_a_path_a_config_chooses_names_the_config_field():
     assert "the path it is on is chosen by `self.config.problem_type`" in message
     model.config.problem_type = "single_label_classification"
     assert training_step(model, batch).graph.ops()
+
+
+class MasksInPlace(nn.Module):
+    """T5Gemma 2's embedding, reduced: rows chosen by a boolean mask overwritten in place. The
+    forward traces (a masked write); its backward needs `nonzero` of the mask, and no frame of
+    this file is on the stack when the autograd engine runs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 4)
+        self.marker = nn.Parameter(torch.randn(4))
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        x[ids == 3] = self.marker
+        return x.sum()
+
+
+def test_a_failure_in_the_backward_names_the_forward_line_that_recorded_it():
+    with pytest.raises(ValueReadError) as caught:
+        training_step(MasksInPlace(), torch.tensor([[1, 3, 5]]))
+    message = str(caught.value)
+    text = "x[ids == 3] = self.marker"
+    assert "\n" not in message and "the backward of" in message, message
+    assert f"{_line_of(MasksInPlace, text)} `{text}`" in message, message
