@@ -194,9 +194,7 @@ class Evaluator:
                         objective,
                     ),  # a materialization renumbers nodes: no parent context
                 )
-                for m in fission_moves.moves(
-                    state.fission.tree, limit, wants_memory, twins=bool(state.fission.epoch)
-                )
+                for m in fission_moves.moves(state.fission.tree, limit, wants_memory, twins=True)
             )
         inside = ctx.without_frozen()
         rules = after_local_move(rules, state.history)

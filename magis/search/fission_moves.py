@@ -64,6 +64,12 @@ class Fissioned:
 # repeat one another, and a part's peak is the next one's within a fraction of a percent
 # (Qwen2's batch split in 2: the two loss blocks' steps at 17.952 and 17.949 GiB).
 REANALYSIS_NEAR_PEAK = 0.01
+# The initial analysis's H: within 3%. A model's repeated layers reach one height within a few
+# percent: a GCN's four 128-wide message passings (forward and backward) peak at 0.977-1.000
+# of the step's peak, each alone; an F-Tree around the highest one offered its split, which
+# left the peak at the next (the search kept 0.977 of the peak for 60 s), where the four
+# together (`_peers`) take it to 0.42.
+INITIAL_NEAR_PEAK = 0.03
 
 
 def analyze(
@@ -80,7 +86,8 @@ def analyze(
     state's schedule (where re-materializations and Loads were placed matters), and offers hot
     dominators split with their sub-graphs (`build_ftree`'s `hot_entries`): by then the peak
     is often an input gradient whose readers alone are not worth splitting. Its hot-spots are
-    those near the peak (`REANALYSIS_NEAR_PEAK`), so that a split's parts are hot together.
+    those near the peak (`REANALYSIS_NEAR_PEAK`), so that a split's parts are hot together;
+    the initial analysis's, those within `INITIAL_NEAR_PEAK`, so that repeated layers are.
 
     `naive_seed` set builds the ablation's naive F-Tree instead of Alg. 1 (MAGIS §7.2.5,
     "naive-fission": valid sub-graphs and dimensions picked at random, heuristic H1 off)."""
@@ -88,7 +95,8 @@ def analyze(
         base = prepare(graph, order)
         base_order = base.program_order() if reanalysis else base.topological_order()
         if naive_seed is None:
-            hot = memory_hotspots(base, base_order, REANALYSIS_NEAR_PEAK) if reanalysis else None
+            near = REANALYSIS_NEAR_PEAK if reanalysis else INITIAL_NEAR_PEAK
+            hot = memory_hotspots(base, base_order, near)
             tree = build_ftree(
                 base, max_level, hotspots=hot, order=base_order, hot_entries=reanalysis
             )
@@ -200,9 +208,9 @@ def moves(
     disabling, and within a kind the tree-nodes of highest score (Eq. 4: the peak reduction an
     F-Trans promises). When the objective wants time, not memory (`wants_memory` False: a
     memory limit met, or a latency limit missed), splitting in fewer parts and disabling come
-    first, the repeated layers' levels at once before one node at a time. `twins` (a
-    re-analysis's tree) offers groups of twins enabled at once (`_twin_moves`) with the
-    one-step enables."""
+    first, the repeated layers' levels at once before one node at a time. `twins` offers groups of
+    twins, and the twin groups that promise one saving together, enabled at once
+    (`_twin_moves`) with the one-step enables (the search always asks for them)."""
     yield from itertools.islice(_all_moves(tree, wants_memory is False, twins), limit)
 
 
@@ -303,12 +311,52 @@ def _twin_moves(tree) -> Iterator[Mutation]:
     for group in worth[:TWIN_MOVES]:
         for n in reversed(direct_fission_numbers(tree, group[0], DIRECT_FISSION_NUMBERS)):
             yield Mutation("enable-twins", group[0], lambda g=group, n=n: _enable_all(tree, g, n))
+    peers = _peers(tree, worth)
+    if peers:
+        for n in reversed(direct_fission_numbers(tree, peers[0], DIRECT_FISSION_NUMBERS)):
+            yield Mutation("enable-peers", peers[0], lambda g=peers, n=n: _enable_all(tree, g, n))
+
+
+def _peers(tree, groups: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Twin groups that promise one saving (scores within `TWIN_TOLERANCE`, along dimensions
+    as long) but differ in size, sharing no graph node, as one group: the most promising such
+    union of two groups and more; () when there is none. A GCN's forward and backward message
+    passing (3 and 4 ops along its 4,000,000 edges) reach one peak height in all four layers'
+    passes; split one kind, the other holds the peak (MAGIS §5.1's F-Tree offers them as
+    separate nodes; the union is ours)."""
+    best: tuple[int, ...] = ()
+    for i, first in enumerate(groups):
+        head = tree.nodes[first[0]]
+        members, taken, count = list(first), set(_group_nodes(tree, first)), 1
+        for other in groups[i + 1 :]:
+            node = tree.nodes[other[0]]
+            own = _group_nodes(tree, other)
+            if (
+                node.length == head.length
+                and _close(node.score, head.score)
+                and taken.isdisjoint(own)
+            ):
+                members.extend(other)
+                taken |= own
+                count += 1
+        if count > 1 and _score(tree, members) > _score(tree, best):
+            best = tuple(members)
+    return best
+
+
+def _group_nodes(tree, group) -> set[int]:
+    return {v for i in group for v in _split_nodes(tree.nodes[i])}
+
+
+def _score(tree, group) -> float:
+    return sum(tree.nodes[i].score for i in group)
 
 
 def twin_groups(tree) -> list[tuple[int, ...]]:
     """The directly enableable tree-nodes that repeat one another, in groups of two and more:
     at one level, along dimensions as long, sizes and scores within `TWIN_TOLERANCE`, sharing
-    no graph node. Twins are hot together only under a re-analysis's near-peak hot-spots."""
+    no graph node. Twins are hot together only under near-peak hot-spots (`INITIAL_NEAR_PEAK`,
+    `REANALYSIS_NEAR_PEAK`)."""
     buckets: dict[tuple[int, int], list[int]] = {}
     for i in directly_enableable(tree):
         buckets.setdefault((tree.nodes[i].level, tree.nodes[i].length), []).append(i)

@@ -376,3 +376,34 @@ def test_an_op_reading_another_kernels_workspace_is_estimated_not_run(tmp_path):
     profiled_model = profiled(tmp_path)
     profiled_model.profile_graph(step.graph)
     assert profiled_model.profile_info().fallbacks == ("aten.mkldnn_rnn_layer_backward.default",)
+
+
+def test_a_gather_reads_the_rows_it_gathers_and_a_scatter_add_rewrites_them():
+    """index_select reads one table element per output element (not the table), so its parts
+    along the index move what the whole moves but for the index; index_add also reads and
+    writes the output element each source element adds into (MAGIS §4 prices fission by the
+    simulator: a split of message passing must not look dearer than the rows it moves)."""
+    from magis.ir.ops import bytes_moved, build_default_registry
+
+    registry = build_default_registry()
+    table, edges, width = 1_000, 64_000, 16
+    nodes = TensorMeta((table, width), "float32", 4)
+
+    def index(n: int) -> TensorMeta:
+        return TensorMeta((n,), "int64", 8)
+
+    def rows(n: int) -> TensorMeta:
+        return TensorMeta((n, width), "float32", 4)
+
+    gather = registry.lookup("aten.index_select.default")
+    whole = bytes_moved(gather, (nodes, 0, index(edges)), {}, (rows(edges),))
+    assert whole == index(edges).nbytes + 2 * rows(edges).nbytes
+    parts = 8 * bytes_moved(gather, (nodes, 0, index(edges // 8)), {}, (rows(edges // 8),))
+    assert parts == whole
+    add = registry.lookup("aten.index_add.default")
+    args = (nodes, 0, index(edges), rows(edges))
+    scattered = bytes_moved(add, args, {}, (nodes,))
+    assert scattered == 2 * nodes.nbytes + index(edges).nbytes + 3 * rows(edges).nbytes
+    embedding = registry.lookup("aten.embedding.default")
+    tokens = bytes_moved(embedding, (nodes, index(10)), {}, (rows(10),))
+    assert tokens < nodes.nbytes  # ten tokens do not read the whole vocabulary
