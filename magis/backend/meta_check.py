@@ -301,12 +301,33 @@ def _layout_hazard(graph: Graph, node, restrided: set[int]) -> str:
     """Why `node` cannot take its inputs' layouts after a rewrite ('' when it can)."""
     if node.op in _STRIDE_READERS and any(r.node in restrided for r in node.inputs):
         return "reads the strides of an input whose strides the rewrite changed"
-    if node.op in _CONTIGUOUS_ONLY or graph.registry.lookup(node.op).dense_inputs:
+    if node.op in _CONTIGUOUS_ONLY:
         for ref in node.inputs:
             meta = graph.meta(ref)
             if significant_strides(meta) != significant_strides(replace(meta, strides=None)):
                 return "its kernel computes wrong values from a non-contiguous input"
+    if graph.registry.lookup(node.op).dense_inputs:
+        for ref in node.inputs:
+            if not _gapless(graph.meta(ref)):
+                return "its kernel computes wrong values from a strided (gapped) input"
     return ""
+
+
+def _gapless(meta: TensorMeta) -> bool:
+    """Whether `meta` covers its memory span exactly once: row-major strides or a permutation
+    of them. oneDNN's RNN layers (`OpInfo.dense_inputs`) read a batch slice of a time-major
+    tensor as if it were dense, silently wrong; a permuted dense input is read right (eager
+    PyTorch hands the layer's backward its output gradient transposed, a batch-first LSTM's,
+    and a part of a batch split hands it the same transpose of its part)."""
+    if meta.strides is None:
+        return True
+    expected = 1
+    dims = sorted((st, sz) for st, sz in zip(meta.strides, meta.shape, strict=True) if sz != 1)
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def check_graph(graph: Graph, checker: MetaChecker | None = None) -> MetaReport:
