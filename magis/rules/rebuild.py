@@ -189,3 +189,29 @@ def _refs(value, out: list[Ref]) -> list[Ref]:
             if isinstance(v, _NESTED):
                 _refs(v, out)
     return out
+
+
+def view_chain_from(
+    rb: GraphRebuilder, graph: Graph, inside: set[int], ref: Ref, suffix: str
+) -> Ref | None:
+    """`ref`, a value of nodes in `inside`, copied into `rb` as the chain of views it is of a
+    value outside them (each copy named with `suffix`, reading the rebuilt value; the copies
+    keep the original's strides), or None when a node on the way is no view."""
+    chain: list[int] = []
+    value = ref
+    while value.node in inside:
+        if not graph.info(value.node).is_view:
+            return None
+        chain.append(value.node)
+        value = graph.node(value.node).inputs[0]  # a view aliases its first tensor argument
+    if not chain:
+        return None
+    mapping: dict[Ref, Ref] = {}
+    for v in reversed(chain):
+        node = graph.node(v)
+        args, kwargs = map_slots(node, lambda _, r: mapping.get(r) or rb.env[r])
+        new = rb.add_op(f"{node.name}{suffix}", node.op, tuple(args), kwargs, node.outputs)
+        rb.ids.setdefault(v, []).append(new)
+        for k in range(len(node.outputs)):
+            mapping[Ref(v, k)] = Ref(new, k)
+    return mapping[ref]

@@ -1112,3 +1112,59 @@ def test_split_changes_count_a_node_rewired_then_removed_as_removed():
     changes.record(SimpleNamespace(touched={102}, removed={7, 101}))
     assert changes.removed == {3, 7}
     assert changes.touched == {100, 102}
+
+
+def test_a_region_output_that_views_an_outside_value_is_viewed_again_not_concatenated(one_thread):
+    """GraphSAGE's `scatter_add(0, dst.unsqueeze(-1).expand_as(m), m)`: once its backward is split
+    (the twins), a re-analysis offers the forward's region with the index's views in it, and
+    the expanded index is read again by the backward outside it. The parts of a view are slices
+    of it, so the whole is that view of the edge list again (no copy, the original strides):
+    the program runs as eager does, with the simulated peak the measured one."""
+    import torch.nn.functional as F
+
+    from magis.capture import training_step
+    from magis.search import fission_moves
+
+    class Sage(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.own1, self.near1 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+            self.own2, self.near2 = torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
+
+        @staticmethod
+        def mean(h, src, dst, degree):
+            m = h[src]
+            index = dst.unsqueeze(-1).expand_as(m)
+            return torch.zeros_like(h).scatter_add(0, index, m) / degree.unsqueeze(-1)
+
+        def forward(self, x, edges, degree, labels):
+            src, dst = edges[0], edges[1]
+            h = F.relu(self.own1(x) + self.near1(self.mean(x, src, dst, degree)))
+            h = self.own2(h) + self.near2(self.mean(h, src, dst, degree))
+            return F.cross_entropy(h, labels)
+
+    gen = torch.Generator().manual_seed(0)
+    edges = torch.randint(0, 50, (2, 2000), generator=gen)
+    degree = torch.ones(50, dtype=torch.float64).index_add_(0, edges[1], torch.ones(2000).double())
+    x = torch.randn(50, 16, dtype=torch.float64, generator=gen)
+    step = training_step(Sage().double(), (x, edges, degree, torch.randint(0, 4, (50,))))
+    base, order, tree = fission_moves.analyze(step.graph, step.graph.program_order())
+    twins = [
+        m for m in fission_moves.moves(tree, None, True, twins=True) if m.kind == "enable-twins"
+    ]
+    first = fission_moves.apply(
+        fission_moves.Lineage(base, order, tree, epoch=0), twins[-1].build()
+    )
+    base, order, tree = fission_moves.analyze(first.graph, list(first.order), reanalysis=True)
+    names = [{base.node(v).name for v, _ in t.ftrans.split} for t in tree.nodes]
+    i = next(k for k, n in enumerate(names) if {"expand", "scatter_add"} <= n)
+    m = materialize(base, tree.with_n(i, 2))
+    made = {m.graph.node(v).name for v in m.graph.nodes}
+    expands = sorted(n for n in made if n.startswith("expand"))
+    assert any(n.endswith("_whole") for n in expands), expands
+    assert not any(n.endswith("_cat") for n in expands), expands
+    program, inputs = compile_program(m.graph, m.order), step.make_inputs()
+    v = verify(step, program, inputs)
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+    measured = measure(program, step.program_inputs(inputs), repeats=1, warmup=0).peak_bytes
+    assert simulate(m.graph, m.order, UnitCostModel()).peak_bytes == measured
