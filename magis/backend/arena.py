@@ -44,6 +44,7 @@ from magis.backend.codegen import (
 )
 from magis.ir import Graph, Ref
 from magis.ir.ops import LOAD_OP, resolve_overload
+from magis.ir.tensor import dense_layout
 from magis.layout import Layout
 
 _TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
@@ -311,7 +312,11 @@ def output_strides(graph: Graph, order: list[int]) -> dict[Ref, tuple[int, ...]]
             values[Ref(nid, i)] = t
         if node.writes_into is not None:
             values[Ref(nid)] = values[node.writes_into]  # the result is the placeholder itself
-    return {r: tuple(values[r].stride()) for r in smap.nbytes if r in values and _dense(values[r])}
+    return {
+        r: tuple(values[r].stride())
+        for r in smap.nbytes
+        if r in values and dense_layout(tuple(values[r].shape), values[r].stride())
+    }
 
 
 def _meta_like(meta) -> torch.Tensor:
@@ -346,14 +351,3 @@ def _to_meta(value, values: dict[Ref, torch.Tensor]):
     if isinstance(value, tuple):
         return tuple(_to_meta(v, values) for v in value)
     return value
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """True when the tensor's elements fill exactly numel slots (any order, no gaps)."""
-    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True

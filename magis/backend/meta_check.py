@@ -36,6 +36,7 @@ from magis.capture.kernels import KERNEL_OPS, capture_kernels
 from magis.errors import VerificationError
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.schema import check_op
+from magis.ir.tensor import dense_layout
 
 _CPU = torch.device("cpu")
 
@@ -307,27 +308,15 @@ def _layout_hazard(graph: Graph, node, restrided: set[int]) -> str:
             if significant_strides(meta) != significant_strides(replace(meta, strides=None)):
                 return "its kernel computes wrong values from a non-contiguous input"
     if graph.registry.lookup(node.op).dense_inputs:
+        # oneDNN's RNN layers read a batch slice of a time-major tensor as if it were dense,
+        # silently wrong; a permuted dense input is read right (eager PyTorch hands the layer's
+        # backward its output gradient transposed, and a part of a batch split the same
+        # transpose of its part)
         for ref in node.inputs:
-            if not _gapless(graph.meta(ref)):
+            meta = graph.meta(ref)
+            if not dense_layout(meta.shape, meta.strides):
                 return "its kernel computes wrong values from a strided (gapped) input"
     return ""
-
-
-def _gapless(meta: TensorMeta) -> bool:
-    """Whether `meta` covers its memory span exactly once: row-major strides or a permutation
-    of them. oneDNN's RNN layers (`OpInfo.dense_inputs`) read a batch slice of a time-major
-    tensor as if it were dense, silently wrong; a permuted dense input is read right (eager
-    PyTorch hands the layer's backward its output gradient transposed, a batch-first LSTM's,
-    and a part of a batch split hands it the same transpose of its part)."""
-    if meta.strides is None:
-        return True
-    expected = 1
-    dims = sorted((st, sz) for st, sz in zip(meta.strides, meta.shape, strict=True) if sz != 1)
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def check_graph(graph: Graph, checker: MetaChecker | None = None) -> MetaReport:

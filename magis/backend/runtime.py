@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from magis.ir.tensor import contiguous_strides, dense_layout
+
 
 @dataclass
 class HostPool:
@@ -140,24 +142,9 @@ def host_strides(x: torch.Tensor) -> tuple[int, ...]:
     channels-last tensor: later views depend on them), row-major otherwise (an expanded,
     overlapping or sliced view). Inductor's fake Store (`magis.backend.host_ops`) must give the
     same, or a compiled graph asserts on the real one's strides."""
-    if _dense(tuple(x.shape), tuple(x.stride())):
+    if dense_layout(tuple(x.shape), tuple(x.stride())):
         return tuple(x.stride())
-    strides, step = [], 1
-    for size in reversed(x.shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
-
-
-def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether a tensor of `shape` and `strides` covers its storage span exactly once (a
-    permutation of row-major strides); dimensions of size one do not matter."""
-    expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    return contiguous_strides(tuple(x.shape))
 
 
 def _pinned_like(x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from types import FrameType
 
 import torch
 
-from magis.errors import CaptureError, TraceFailedError, ValueReadError
+from magis.errors import CaptureError, TraceFailedError, ValueReadError, exception_line
 
 # Frames in these folders are never the place to change: torch's own code, magis's, and
 # Python's standard library (contextlib, functools around the user's code); installed
@@ -291,9 +291,7 @@ def capture_failure(
             "(.item(), bool(tensor) or data-dependent control flow); make it tensor "
             f"arithmetic or move it out of the step{switch}"
         )
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else ""
-    return TraceFailedError(f"tracing failed{at}: {type(exc).__name__}: {first}")
+    return TraceFailedError(f"tracing failed{at}: {exception_line(exc)}")
 
 
 def _backward_failure(exc: BaseException, site: SourceLine, op: str | None) -> CaptureError:
@@ -305,8 +303,6 @@ def _backward_failure(exc: BaseException, site: SourceLine, op: str | None) -> C
             f"{within}, as indexing by a boolean mask does; write it as tensor arithmetic "
             "(torch.where, or the mask multiplied in) or move it out of the step"
         )
-    lines = str(exc).strip().splitlines()
-    first = lines[0] if lines else ""
     return TraceFailedError(
-        f"tracing failed in the backward of {site}{within}: {type(exc).__name__}: {first}"
+        f"tracing failed in the backward of {site}{within}: {exception_line(exc)}"
     )

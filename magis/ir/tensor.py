@@ -42,6 +42,18 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` and `strides` covers its storage span exactly once: row-major
+    strides or a permutation of them (a transposed or channels-last tensor; not a slice with
+    gaps, an expansion or an overlap). Dimensions of size one do not matter."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape, strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def broadcast_numel(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """Elements of the broadcast of shapes `a` and `b` (torch's rule: trailing dims aligned, a
     size-1 dim takes the other's size, so 1 against 0 gives 0)."""
