@@ -33,9 +33,19 @@ class ValueReadError(CaptureError):
     the source line where it does."""
 
 
+class RandomDrawError(ValueReadError):
+    """The step reads the value of a random draw in Python (LayerDrop, a random token drop):
+    one static graph holds one draw; one line naming where, and the setting to change."""
+
+
 class TraceFailedError(CaptureError):
     """Tracing the step failed (an op without a fake kernel, a shape error): one line naming the
     source line where it did."""
+
+
+class ValueGuardError(MagisError):
+    """A run read another value than the one its step was captured for (a value guard,
+    `magis.capture.specialize`): the plan holds only for the value read at capture."""
 
 
 class UnsupportedOpError(MagisError):

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from magis.backend.guards import expect
 from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
-from magis.ir.ops import LOAD_OP, STORE_OP, out_overload
+from magis.ir.ops import EXPECT_OP, LOAD_OP, STORE_OP, out_overload
 from magis.ir.schema import IDENTIFIER, check_node, check_op, shown
 from magis.sim import tables
 
@@ -129,6 +130,8 @@ def literal(value, names: Names) -> str:
 def call_source(graph: Graph, nid: int, names: Names, device_type: str = "cpu") -> str:
     node = graph.node(nid)
     overload = check_node(node, f"node {node.id} ({shown(node.name)})")
+    if node.op == EXPECT_OP:  # a value guard (`magis.backend.guards`)
+        return f"expect({', '.join(literal(a, names) for a in node.args)})"
     if overload is None:  # Store / Load: the runtime's host pool does the copy
         if node.writes_into is not None:  # offloaded state written back (rules/offload.py)
             return f"store_into({names[node.inputs[0]]}, {names[node.writes_into]})"
@@ -270,6 +273,7 @@ def program_from_source(
         "store_into": pool.store_into,
         "load": lambda host: pool.load(host, device),
         "ready": pool.ready,
+        "expect": expect,
     }
     exec(compile(source, "<magis-program>", "exec"), scope)  # noqa: S102 - our own generated code
     names = Names(graph, order)

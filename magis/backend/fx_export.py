@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from magis.backend import host_ops
+from magis.backend import guards, host_ops
 from magis.backend.inductor_fusion import (
     FUSION_LEVELS,
     FusionCheck,
@@ -82,8 +82,9 @@ from magis.backend.inductor_fusion import (
 from magis.backend.runtime import HostPool
 from magis.errors import UnsupportedOpError
 from magis.ir import Graph, Ref
+from magis.ir.guards import checked_at_run_time
 from magis.ir.node import map_refs
-from magis.ir.ops import LOAD_OP, STORE_OP
+from magis.ir.ops import EXPECT_OP, LOAD_OP, STORE_OP
 from magis.ir.schema import check_node, shown
 
 # The key of `meta["custom"]` naming the plan node an FX node computes (a part of)
@@ -246,6 +247,15 @@ def segment_module(
         if node.op in (STORE_OP, LOAD_OP):
             env[Ref(nid)] = host_copy(node)
             return
+        if node.op == EXPECT_OP:
+            env[Ref(nid)] = _tag(guard(node), nid)
+            return
+        if checked_at_run_time(graph, nid):
+            raise InductorUnsupportedError(
+                f"{node.op} ({shown(node.name)}): its output's shape comes from the data (the "
+                "capture specialized it to the values read): Inductor compiles static shapes "
+                "only; run this step with the python backend"
+            )
         overload = check_node(node, f"node {node.id} ({shown(node.name)})")
         call = g.call_function(overload, arg(node.args), {k: arg(v) for k, v in node.kwargs})
         _tag(call, nid)
@@ -259,6 +269,11 @@ def segment_module(
         else:
             for i in range(len(node.outputs)):
                 env[Ref(nid, i)] = _tag(g.call_function(operator.getitem, (call, i)), nid)
+
+    def guard(node) -> fx.Node:
+        x, shape, expected, site = node.args
+        number = None if expected is None else float(expected)
+        return g.call_function(guards.EXPECT_OVERLOAD, (value(x), list(shape), number, site))
 
     def host_copy(node) -> fx.Node:
         x = value(node.inputs[0])

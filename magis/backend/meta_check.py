@@ -19,6 +19,10 @@ tensors (any strides) are ignored, as torch's own fake-tensor cross-checks do
 (`torch._prims_common.check_significant_strides`). Storage offsets are not recorded: a view's
 offset never decides whether an op can run.
 
+A value guard, and an op whose output's shape came from the data at capture (a boolean-mask
+index), are not checked here: no fake kernel can make them, and the guard checks them at run
+time (`magis.ir.guards`).
+
 magis's own Store and Load have no ATen kernel: they are checked as `aten.clone` (preserve
 format), which is what the runtime's host pool does on a CPU (`HostPool.store`/`load`).
 """
@@ -35,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from magis.capture.kernels import KERNEL_OPS, capture_kernels
 from magis.errors import VerificationError
 from magis.ir import Graph, Ref, TensorMeta
+from magis.ir.guards import checked_at_run_time
 from magis.ir.schema import check_op
 from magis.ir.tensor import dense_layout
 
@@ -191,6 +196,8 @@ class MetaChecker:
         self, graph: Graph, nid: int, fakes: dict[Ref, torch.Tensor]
     ) -> list[MetaMismatch]:
         node = graph.node(nid)
+        if checked_at_run_time(graph, nid):  # shaped by values: the run-time guard checks it
+            return []
         got = self._outputs(graph, node, fakes)
         if isinstance(got, str):
             return [MetaMismatch(nid, node.name, node.op, None, None, None, got)]

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from magis.capture.specialize import READ_KEY, ValueRead
+from magis.errors import CaptureError
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
 from magis.ir.graph import refs_in
-from magis.ir.ops import out_overload
+from magis.ir.ops import EXPECT_OP, out_overload
 
 _EMPTY = TensorMeta((0,), "float32", 4)  # an output the op did not produce (None)
+_GUARD_OUTPUT = TensorMeta((), "bool", 1)  # a guard's (`magis.backend.guards.expect`)
 
 
 def _metas(val) -> tuple[TensorMeta, ...]:
@@ -84,6 +87,11 @@ def import_fx(
             args = _convert_arg(n.args, env)
             kwargs = {k: _convert_arg(v, env) for k, v in n.kwargs.items()}
             module = "" if modules is None else modules.get(n.name, "")
+            module = module or (inherited_module(graph, args, modules) if modules else "")
+            read = n.meta.get(READ_KEY)
+            if n.target is torch.ops.aten._local_scalar_dense.default:
+                _add_guard(graph, n.name, args[0], read, module)  # the value, read in Python
+                continue
             nid = graph.add_op(
                 n.name,
                 op_name(n.target),
@@ -91,9 +99,11 @@ def import_fx(
                 kwargs,
                 _metas(n.meta.get("val")),
                 writes_into=writes,
-                module=module or (inherited_module(graph, args, modules) if modules else ""),
+                module=module,
             )
             env[n] = Ref(nid)
+            if read is not None:  # a shape that came from the data
+                _add_guard(graph, f"{n.name}_guard", Ref(nid), read, module)
         elif n.op == "output":
             outs = [env[a] for a in refs_or_nodes(n.args[0])]
             graph.set_outputs(outs)
@@ -101,6 +111,14 @@ def import_fx(
     chain_random_ops(graph)
     graph.verify()
     return graph
+
+
+def _add_guard(graph: Graph, name: str, tensor: Ref, read: ValueRead | None, module: str) -> int:
+    """A value guard (`EXPECT_OP`) on `tensor` for what the step read of it at capture."""
+    if read is None:  # only the specialized trace reads values, and it records each
+        raise CaptureError(f"{name}: a value read that the capture did not record")
+    args = (tensor, list(read.shape), read.value, read.site)
+    return graph.add_op(name, EXPECT_OP, args, {}, (_GUARD_OUTPUT,), module=module)
 
 
 def inherited_module(graph: Graph, args, modules: Mapping[str, str]) -> str:
@@ -242,3 +260,30 @@ def order_writes_after_readers(graph: Graph) -> None:
 def constant_values(gm: fx.GraphModule) -> list:
     """The tensor constants of `gm`, in the order `import_fx` made their placeholders."""
     return [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+
+
+def module_paths(gm: torch.fx.GraphModule, prefix: str) -> dict[str, str]:
+    """Node name -> the innermost module it ran in, as a path below `prefix` (the model's
+    attribute on the traced root: 'encoder.layer.3.attention.self'); nodes that ran in no
+    submodule of the model (backward, optimizer) are left out."""
+    paths = {}
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        fqn = list(stack.values())[-1][0]
+        if fqn.startswith(prefix + "."):
+            paths[n.name] = fqn.removeprefix(prefix + ".")
+    return paths
+
+
+def placeholder_modules(names: Sequence[str], kinds: Sequence[PlaceholderKind]) -> dict[str, str]:
+    """Parameters and buffers by name -> their module ('encoder.layer.0.output.dense.weight'
+    -> 'encoder.layer.0.output.dense'); optimizer state names add one more part."""
+    strip = {PlaceholderKind.WEIGHT: 1, PlaceholderKind.BUFFER: 1, PlaceholderKind.OPT_STATE: 2}
+    paths = {}
+    for name, kind in zip(names, kinds, strict=True):
+        parts = name.split(".")
+        if kind in strip and len(parts) > strip[kind]:
+            paths[name] = ".".join(parts[: -strip[kind]])
+    return paths

@@ -24,7 +24,13 @@ from types import FrameType
 
 import torch
 
-from magis.errors import CaptureError, TraceFailedError, ValueReadError, exception_line
+from magis.errors import (
+    CaptureError,
+    RandomDrawError,
+    TraceFailedError,
+    ValueReadError,
+    exception_line,
+)
 
 # Frames in these folders are never the place to change: torch's own code, magis's, and
 # Python's standard library (contextlib, functools around the user's code); installed
@@ -274,7 +280,7 @@ def capture_failure(
     if is_data_dependent(exc):
         field = site.random_depth_field() if site is not None else None
         if field is not None:
-            return ValueReadError(
+            return RandomDrawError(
                 f"cannot capture a static graph: the step branches on a random draw{at} "
                 f"(training-only random control flow, data-dependent: LayerDrop or stochastic "
                 f"depth); set the probability it reads (`{field}`) to 0 in the model's config"

@@ -18,18 +18,32 @@ from unittest import mock
 import torch
 import torch.fx.traceback as fx_traceback
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.func import functional_call, functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from magis.capture.collectives import AllReduceGradients, DataParallel, sink_waits
-from magis.capture.fx_import import constant_values, import_fx
+from magis.capture.fx_import import (
+    constant_values,
+    import_fx,
+    module_paths,
+    placeholder_modules,
+)
 from magis.capture.inplace import functionalized
 from magis.capture.kernels import capture_kernels
 from magis.capture.sharding import ShardLayout, unsharded
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
+from magis.capture.specialize import (
+    FAKE_ONLY,
+    ValueReads,
+    real_copies,
+    real_step_inputs,
+    refuse_random_reads,
+    seeded,
+    warn_specialized,
+)
 from magis.capture.step_kinds import OPTIMIZERS, OptimizerSpec, UpdateRule, autocast_loss
-from magis.errors import CaptureError, MagisError
+from magis.errors import CaptureError, MagisError, RandomDrawError, ValueReadError
 from magis.ir import Graph, PlaceholderKind
 
 
@@ -95,13 +109,18 @@ def _real_like(meta, example, dtype: torch.dtype | None, gen: torch.Generator) -
 
 
 def _trace_functional(
-    fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None = None
+    fn: Callable,
+    fake_args: Sequence[torch.Tensor],
+    root: torch.nn.Module | None = None,
+    real_args: Callable[[], list] | None = None,
 ) -> torch.fx.GraphModule:
     """make_fx, then its in-place ops made out of place (autograd already ran in the trace).
 
     With `root`, the module `fn` calls, each forward node records the stack of `root`'s
     submodules it ran in (make_fx's `record_module_stack`, which finds the modules through
-    `fn._orig_mod`), and the stacks reach the final graph (`module_paths`)."""
+    `fn._orig_mod`), and the stacks reach the final graph (`module_paths`). Where the step
+    reads a tensor's value and `real_args` makes real copies of the inputs, the step is traced
+    again over them, specialized to the values read (`magis.capture.specialize`)."""
     with capture_kernels(), fake_kernel_failures_kept() as logged:
         try:
             return _trace_once_or_twice(fn, fake_args, root)
@@ -109,32 +128,61 @@ def _trace_functional(
             raise
         except Exception as exc:  # noqa: BLE001 - torch raises many types; classify, re-raise
             rerun = partial(_trace_once_or_twice, fn, fake_args, root)
-            raise capture_failure(exc, logged, rerun) from exc
+            failure = capture_failure(exc, logged, rerun)
+            specializable = isinstance(failure, ValueReadError) and not isinstance(
+                failure, RandomDrawError
+            )
+            if real_args is None and specializable:
+                raise type(failure)(f"{failure}{FAKE_ONLY}") from exc
+            if real_args is None or not specializable:
+                raise failure from exc
+    try:
+        with unset_fake_temporarily(), seeded(0):  # real tensors, outside the fake mode
+            gm = _trace_once_or_twice(fn, real_args(), root, real_args)
+    except MagisError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code, run for real: one line
+        raise capture_failure(exc) from exc
+    refuse_random_reads(gm)
+    warn_specialized(gm)
+    return gm
 
 
 def _trace_once_or_twice(
-    fn: Callable, fake_args: Sequence[torch.Tensor], root: torch.nn.Module | None
+    fn: Callable,
+    args: Sequence[torch.Tensor],
+    root: torch.nn.Module | None,
+    real_args: Callable[[], list] | None = None,
 ) -> torch.fx.GraphModule:
     """The trace, then `functionalized` (one pass over the graph); where its in-place ops are not
     the plain kind, the graph traced again through `functionalize`, which gives the same graph
-    where both apply (`tests/capture/test_inplace.py`) at about the first trace's cost.
+    where both apply (`tests/capture/test_inplace.py`) at about the first trace's cost. With
+    `real_args` the trace runs on real tensors, values read where the step reads them, and the
+    second trace on fresh copies (the first updated its copies' weights).
 
     Stack traces are not recorded (`do_not_emit_stack_traces`): magis reads none, and
     make_fx's `record_module_stack` tracer would format one for every node (9% of a capture)."""
+    specialized = {"_error_on_data_dependent_ops": real_args is None}
+    reads = contextlib.nullcontext if real_args is None else ValueReads
     with mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
-        if root is None:
-            gm = make_fx(fn)(*fake_args)
-        else:
-            gm = make_fx(_rooted(fn, root), record_module_stack=True)(*fake_args)
-        fast = functionalized(gm)
+        with reads():
+            if root is None:
+                gm = make_fx(fn, **specialized)(*args)
+            else:
+                gm = make_fx(_rooted(fn, root), record_module_stack=True, **specialized)(*args)
+        # a real trace's metas come from many fake modes: the one-pass rewrite cannot run them
+        fast = functionalized(gm) if real_args is None else None
         if fast is not None:
             return fast
-        detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in fake_args]
-        if root is None:
-            return make_fx(functionalize(gm, remove="mutations"))(*detached)
-        with fx_traceback.preserve_node_meta():
-            run = torch.fx.Interpreter(gm).run
-            return make_fx(functionalize(run, remove="mutations"))(*detached)
+        again = args if real_args is None else real_args()
+        detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in again]
+        # the real trace again under another seed: a read that changes depends on a draw
+        with reads(), seeded(1) if real_args is not None else contextlib.nullcontext():
+            if root is None and real_args is None:
+                return make_fx(functionalize(gm, remove="mutations"), **specialized)(*detached)
+            with fx_traceback.preserve_node_meta():
+                run = torch.fx.Interpreter(gm).run
+                return make_fx(functionalize(run, remove="mutations"), **specialized)(*detached)
 
 
 def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
@@ -145,33 +193,6 @@ def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
 
     traced._orig_mod = root
     return traced
-
-
-def module_paths(gm: torch.fx.GraphModule, prefix: str) -> dict[str, str]:
-    """Node name -> the innermost module it ran in, as a path below `prefix` (the model's
-    attribute on the traced root: 'encoder.layer.3.attention.self'); nodes that ran in no
-    submodule of the model (backward, optimizer) are left out."""
-    paths = {}
-    for n in gm.graph.nodes:
-        stack = n.meta.get("nn_module_stack")
-        if not stack:
-            continue
-        fqn = list(stack.values())[-1][0]
-        if fqn.startswith(prefix + "."):
-            paths[n.name] = fqn.removeprefix(prefix + ".")
-    return paths
-
-
-def placeholder_modules(names: Sequence[str], kinds: Sequence[PlaceholderKind]) -> dict[str, str]:
-    """Parameters and buffers by name -> their module ('encoder.layer.0.output.dense.weight'
-    -> 'encoder.layer.0.output.dense'); optimizer state names add one more part."""
-    strip = {PlaceholderKind.WEIGHT: 1, PlaceholderKind.BUFFER: 1, PlaceholderKind.OPT_STATE: 2}
-    paths = {}
-    for name, kind in zip(names, kinds, strict=True):
-        parts = name.split(".")
-        if kind in strip and len(parts) > strip[kind]:
-            paths[name] = ".".join(parts[: -strip[kind]])
-    return paths
 
 
 def _fake_mode(tensors: Sequence = ()) -> FakeTensorMode:
@@ -193,7 +214,7 @@ def capture(fn: Callable, *example_args: torch.Tensor) -> Step:
     mode = _fake_mode(example_args)
     with mode:
         fake = [_to_fake(mode, a) for a in example_args]
-        gm = _trace_functional(_as_tuple_fn(fn), fake)
+        gm = _trace_functional(_as_tuple_fn(fn), fake, real_args=real_copies(example_args))
     kinds = [PlaceholderKind.DATA] * len(example_args)
     names = [f"arg{i}" for i in range(len(example_args))]
     graph = import_fx(gm, kinds, names)
@@ -317,7 +338,17 @@ def capture_training(
             *(_to_fake(mode, s) for s in scalars),
             *(_to_fake(mode, x) for x in data),
         ]
-        gm = _trace_functional(fn, flat, root=wrapper)
+        real = None
+        if sharding is None and not isinstance(rule, AllReduceGradients):  # no process group
+            state_of = [(n, len(s)) for n, s in zip(trainable, state_names, strict=True)]
+            real = real_step_inputs(
+                real_params,
+                real_buffers,
+                dict(zip(params, real_params, strict=True)),
+                state_of,
+                [*scalars, *data],
+            )
+        gm = _trace_functional(fn, flat, root=wrapper, real_args=real)
     sink_waits(gm.graph)  # collectives waited for where they are read (data parallelism)
     names = layout.names(data_names)
     modules = {**placeholder_modules(names, layout.kinds()), **module_paths(gm, "model")}

@@ -25,7 +25,10 @@ a zoo workload. (`magis.compile` captures the
 user's own `torch.optim` optimizer; this is for analysis and planning from the command line.)
 
 A `--batch B` is handed to NAME as `batch=B` when NAME takes a `batch` parameter. `magis run`
-calls NAME with real tensors (`real=True`), once its fake capture shows that the step fits.
+calls NAME with real tensors (`real=True`), once its fake capture shows that the step fits. A
+step that reads a tensor's value in Python (`.item()`, a boolean-mask index) cannot be captured
+on fake tensors: NAME is then called again with real ones, where they fit in half the memory
+available, and the step captured for the values read (`magis.capture.specialize`).
 
 Every way this goes wrong is one `ModelFileError` line that names the spec: the file missing
 or failing to load, no such function, a result of the wrong shape, a model that is no
@@ -54,6 +57,7 @@ from magis.capture.building import (
     default_dtype,
     small_constants_real,
 )
+from magis.capture.host_memory import host_available_memory
 from magis.capture.source import failure_site
 from magis.capture.step_kinds import (
     DEFAULT_STEP,
@@ -63,7 +67,7 @@ from magis.capture.step_kinds import (
     read_step_kind,
 )
 from magis.capture.trace import Step, capture_training
-from magis.errors import MagisError
+from magis.errors import MagisError, RandomDrawError, ValueReadError
 
 DEFAULT_FUNCTION = "factory"
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode")
@@ -377,5 +381,35 @@ def model_file_step(
     result = call_factory(spec, factory, batch=batch, dtype=dtype, real=real, seed=seed)
     factored = check_result(spec, result)
     with _folder_on_path(spec.path.resolve().parent):  # the forward may import lazily too
-        captured = capture_factored(spec, factored, step)
+        try:
+            captured = capture_factored(spec, factored, step)
+        except ModelFileError as exc:
+            if real or not _reads_values(exc):
+                raise
+            _check_real_build_fits(spec, factored, exc)
+            result = call_factory(spec, factory, batch=batch, dtype=dtype, real=True, seed=seed)
+            factored = check_result(spec, result)
+            captured = capture_factored(spec, factored, step)
     return _describe(spec, factored), captured
+
+
+def _reads_values(exc: ModelFileError) -> bool:
+    """A capture that failed only because the step reads a value that fake tensors lack (not a
+    random draw's): built for real, it is captured for the value read (`capture.specialize`)."""
+    cause = exc.__cause__
+    return isinstance(cause, ValueReadError) and not isinstance(cause, RandomDrawError)
+
+
+def _check_real_build_fits(spec: ModelSpec, f: Factored, failure: ModelFileError) -> None:
+    """The fake capture's error, said with what a real build needs, where its weights (four
+    times: the model, the trace's copies, gradients, one more for the optimizer) and two copies
+    of the batch take more than half the memory available: the rest is for activations."""
+    weights = sum(p.numel() * p.element_size() for p in f.model.parameters())
+    data = sum(t.numel() * t.element_size() for t in f.data)
+    needed, available = 4 * weights + 2 * data, host_available_memory()
+    if 2 * needed > available:
+        raise ModelFileError(
+            f"{failure}; building it for real to capture it for the value read needs about "
+            f"{needed / 2**30:.1f} GiB of weights and batch, with {available / 2**30:.1f} GiB "
+            "available: make the read tensor arithmetic, or give the factory a smaller model"
+        ) from failure.__cause__

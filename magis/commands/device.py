@@ -7,12 +7,10 @@ step captured on fake tensors (nothing allocated) and refuses before the model i
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 
 from magis.capture import Step, get_workload, workload_step
+from magis.capture.host_memory import host_available_memory
 from magis.capture.user_model import is_model_file
 from magis.commands.shared import Progress, silent
 from magis.cost import NoDeviceError, get_cost_model
@@ -51,20 +49,7 @@ def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        return meminfo_available(Path("/proc/meminfo").read_text())
-    except (OSError, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def meminfo_available(text: str) -> int:
-    """MemAvailable of a /proc/meminfo text, in bytes (a ValueError if it has none)."""
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "MemAvailable":
-            number, _, unit = value.strip().partition(" ")
-            return int(number) * (1024 if unit.strip().lower() == "kb" else 1)
-    raise ValueError("no MemAvailable line")
+    return host_available_memory()
 
 
 def run_memory_estimate(step: Step) -> tuple[int, int, int]:

@@ -315,6 +315,8 @@ class ProfiledCostModel(CostModel):
             return f"{nbytes} bytes of tensors: too large to run here"
         if call.info.reads_workspace:
             return "reads another kernel's workspace: no synthetic input"
+        if call.info.guard:
+            return "a value guard: no kernel of torch's"
         return None
 
     def _measure_or_estimate(self, call: OpCall) -> tuple[float, str]:

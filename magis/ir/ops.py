@@ -57,11 +57,17 @@ class OpInfo:
     # The bytes the kernel moves, where that is not every input once and every output once
     # (`bytes_moved`): gathers and scatter-adds (`INDEXED_TRAFFIC`).
     moved: BytesFn | None = None
+    # A value guard (`EXPECT_OP`): checks a value or shape the step read at capture; no kernel
+    # of torch's, so the profiler prices it by the roofline instead of running it.
+    guard: bool = False
+    # The output is a copy of argument 0's whole storage, viewed as argument 0 (the functional
+    # `copy(self, src)`: ATen's `clone_preserve_strides`): its storage is that storage's size.
+    clones_storage: bool = False
 
     @property
     def sized_by_call(self) -> bool:
         """An output's storage may be larger than its metadata says (`storage_bytes`)."""
-        return self.keeps_elementwise_storage or self.workspace is not None
+        return self.keeps_elementwise_storage or self.workspace is not None or self.clones_storage
 
 
 def tensor_metas(args: tuple) -> list[TensorMeta]:
@@ -469,6 +475,10 @@ def build_default_registry() -> OpRegistry:
         entries[name] = replace(info, moved=moved)
     entries[STORE_OP] = OpInfo(STORE_OP, flops=_zero, copy_stream=True, host_output=True)
     entries[LOAD_OP] = OpInfo(LOAD_OP, flops=_zero, copy_stream=True)
+    entries[EXPECT_OP] = OpInfo(EXPECT_OP, flops=_zero, guard=True)
+    # no entry of its own otherwise: generic costs, as before (opaque)
+    copy = entries.get(STORAGE_CLONING_COPY) or OpInfo(STORAGE_CLONING_COPY, opaque=True)
+    entries[STORAGE_CLONING_COPY] = replace(copy, clones_storage=True)
     for name in COLLECTIVE_OPS:
         entries[name] = OpInfo(name, flops=_zero, comm_stream=True)
     # The wait returns the collective's own output tensor (c10d's functional collectives):
@@ -480,6 +490,14 @@ def build_default_registry() -> OpRegistry:
 # Swapping (MAGIS §5.2, Fig. 8): Store copies a device tensor to host memory, Load copies it back.
 STORE_OP = "magis.store"
 LOAD_OP = "magis.load"
+
+# The functional form of `copy_` (what functionalization records for a write into a view).
+STORAGE_CLONING_COPY = "aten.copy.default"
+
+# A value guard (`magis.capture.specialize`): a step that reads a tensor's value in Python is
+# captured for the value it read; the guard checks, where the step read it, that a run reads the
+# same (args: the tensor, the shape it had, the value or None, the source line).
+EXPECT_OP = "magis.expect"
 
 # Functional collectives (torch.distributed._functional_collectives), as make_fx records them:
 # each returns a new buffer, filled on the communication stream; `wait_tensor` hands it over.

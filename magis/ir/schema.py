@@ -18,7 +18,7 @@ import torch
 
 from magis.errors import PlanError
 from magis.ir.node import Node, Ref
-from magis.ir.ops import COLLECTIVE_OPS, LOAD_OP, STORE_OP, WAIT_OP
+from magis.ir.ops import COLLECTIVE_OPS, EXPECT_OP, LOAD_OP, STORE_OP, WAIT_OP
 
 # Node names: parameter paths ('bert.encoder.layer.0.attention.self.query.weight') and fx names
 # with the rules' suffixes. Codegen turns them into ASCII identifiers; the pattern keeps quotes,
@@ -26,13 +26,17 @@ from magis.ir.ops import COLLECTIVE_OPS, LOAD_OP, STORE_OP, WAIT_OP
 NAME_PATTERN = re.compile(r"[\w.\-]{1,1000}")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 OP_PATTERN = re.compile(r"aten\.[A-Za-z_][A-Za-z0-9_]{0,99}\.[A-Za-z_][A-Za-z0-9_]{0,99}")
-MAGIS_OPS = frozenset({STORE_OP, LOAD_OP})
+MAGIS_OPS = frozenset({STORE_OP, LOAD_OP, EXPECT_OP})
 # Outside torch.ops.aten, only c10d's functional collectives and their wait (data parallelism,
 # `magis.capture.collectives`), by exact name.
 COMM_OPS = frozenset({*COLLECTIVE_OPS, WAIT_OP})
 # String arguments of ATen ops are short words ('tanh', 'floor', 'sum'): codegen writes them by
 # repr anyway, and a file with quotes or brackets in one is refused outright.
 STRING_CONSTANT = re.compile(r"[\w ,.\->]{0,100}")
+# A value guard's source line ('transformers/models/bart/modeling_bart.py:1041'): a path and a
+# number, no quotes or brackets.
+SITE_CONSTANT = re.compile(r"[\w ,.\-/:+@]{0,300}")
+GUARD_VALUE_TYPES = (bool, int, float, type(None))
 # Graph constants are these types, lists and tuples of them, and Refs (nothing else can be
 # written into a plan file or pasted into generated code).
 CONSTANT_TYPES = (
@@ -139,6 +143,9 @@ def check_node(node: Node, where: str) -> torch._ops.OpOverload | None:
             raise GraphSchemaError(f"{where}: a placeholder has no op, args or kwargs")
         return None
     overload = check_op(node.op, f"{where}.op")
+    if node.op == EXPECT_OP:
+        check_guard(node, where)
+        return None
     if overload is None and (
         node.kwargs or len(node.args) != 1 or not isinstance(node.args[0], Ref)
     ):
@@ -149,3 +156,23 @@ def check_node(node: Node, where: str) -> torch._ops.OpOverload | None:
         check_kwarg_name(key, overload, node.op, f"{where}.kwargs")
         check_constant(value, f"{where}.kwargs[{key}]")
     return overload
+
+
+def check_guard(node: Node, where: str) -> None:
+    """A value guard's fields: (tensor, shape, value or None, source line), nothing else."""
+    args = node.args
+    ok = (
+        not node.kwargs
+        and len(args) == 4
+        and isinstance(args[0], Ref)
+        and type(args[1]) in (list, tuple)
+        and all(type(d) is int for d in args[1])
+        and type(args[2]) in GUARD_VALUE_TYPES
+        and type(args[3]) is str
+        and SITE_CONSTANT.fullmatch(args[3]) is not None
+    )
+    if not ok:
+        raise GraphSchemaError(
+            f"{where}: {EXPECT_OP} takes (tensor, shape, value or None, source line), got "
+            f"{shown(args)}"
+        )

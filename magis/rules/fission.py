@@ -46,6 +46,7 @@ from magis.analyze import FTrans, FTransInfo, FTree, OutputKind, Rejected, check
 from magis.errors import MagisError
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.dims import split_shape
+from magis.ir.guards import checked_at_run_time
 from magis.rules.rebuild import GraphRebuilder, map_slots, view_chain_from
 
 
@@ -467,7 +468,8 @@ def check_shapes(graph: Graph) -> None:
             m = node.outputs[0]
             env[Ref(nid)] = torch.empty(m.shape, dtype=m.torch_dtype, device="meta")
             continue
-        if graph.info(nid).copy_stream:  # Store/Load: a copy, same shape, no ATen kernel
+        if graph.info(nid).copy_stream or checked_at_run_time(graph, nid):
+            # Store/Load: a copy, same shape, no ATen kernel; shaped by values: guarded
             for k, m in enumerate(node.outputs):
                 env[Ref(nid, k)] = torch.empty(m.shape, dtype=m.torch_dtype, device="meta")
             continue

@@ -28,6 +28,7 @@ from magis.backend import compile_program, tracker_for
 from magis.capture.sharding import ShardLayout, full_tensors
 from magis.capture.trace import Step
 from magis.errors import MagisError
+from magis.ir.guards import guard_nodes
 from magis.train.cuda_graph import GraphedProgram
 from magis.train.optimizers import ClipGradNorm, GraphOptimizer
 
@@ -168,8 +169,16 @@ class TrainStep:
             raise BatchError(
                 f"cuda_graph=True needs a model on a GPU; this one is on {self.device}"
             )
-        # Inductor's segments are not captured as one CUDA graph here (yet).
-        self.cuda_graph = on_gpu and cuda_graph is not False and not measure
+        guarded = bool(guard_nodes(plan.graph))
+        if cuda_graph and guarded:
+            raise BatchError(
+                "cuda_graph=True: this step reads tensor values in Python (captured for the "
+                "values read, guarded), and a CUDA graph cannot read a value; pass "
+                "cuda_graph=None or False"
+            )
+        # Inductor's segments are not captured as one CUDA graph here (yet); a guard reads a
+        # value on the host, which a CUDA graph cannot.
+        self.cuda_graph = on_gpu and cuda_graph is not False and not measure and not guarded
         self.cuda_graph = self.cuda_graph and compiler == "python"
         self._graphed: GraphedProgram | None = None
 

@@ -1,5 +1,10 @@
 """Every capture failure is one line naming the source line where it happened: a value read in
-the model's forward, a shape error, a LayerDrop draw (with the config field to set)."""
+the model's forward, a shape error, a LayerDrop draw (with the config field to set).
+
+A value read is an error only where the step's tensors hold no values (a model built under a
+fake mode, as the corpus builds large ones): with real tensors the capture specializes the step
+to the value read (`tests/capture/test_specialize.py`). The tests of its message build the
+model and batch fake (`_fake`)."""
 
 import inspect
 
@@ -10,6 +15,14 @@ from torch import nn
 from magis.capture import capture, training_step
 from magis.capture.source import display_path, failure_site
 from magis.errors import CaptureError, TraceFailedError, ValueReadError
+
+
+def _fake(make, *batch):
+    """`make()` and `batch` (functions making tensors) under a fake mode: no values to read."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return make(), tuple(b() for b in batch)
 
 
 class ReadsItem(nn.Module):
@@ -82,10 +95,12 @@ def _line_of(cls: type, text: str) -> str:
     [(ReadsItem, "scale = self.lin(x).abs().max().item()"), (Branches, "if y.sum() > 0:")],
 )
 def test_a_value_read_in_forward_names_its_line(model, text):
+    module, (x,) = _fake(model, lambda: torch.randn(2, 4))
     with pytest.raises(ValueReadError) as caught:
-        training_step(model(), torch.randn(2, 4))
+        training_step(module, x)
     message = str(caught.value)
     assert "\n" not in message and "reads a tensor's value in Python" in message
+    assert "with real weights and batch" in message
     assert f"{_line_of(model, text)} `{text}`" in message, message
 
 
@@ -133,7 +148,9 @@ def test_the_innermost_frame_outside_torch_and_magis_is_the_site():
 
 
 def test_a_value_read_on_a_path_a_config_chooses_names_the_config_field():
-    model, batch = ChoosesByConfig(), (torch.randn(4, 4), torch.tensor([0, 2, 1, 0]))
+    model, batch = _fake(
+        ChoosesByConfig, lambda: torch.randn(4, 4), lambda: torch.tensor([0, 2, 1, 0])
+    )
     with pytest.raises(ValueReadError) as caught:
         training_step(model, batch)
     message = str(caught.value)
@@ -161,8 +178,9 @@ class MasksInPlace(nn.Module):
 
 
 def test_a_failure_in_the_backward_names_the_forward_line_that_recorded_it():
+    model, (ids,) = _fake(MasksInPlace, lambda: torch.tensor([[1, 3, 5]]))
     with pytest.raises(ValueReadError) as caught:
-        training_step(MasksInPlace(), torch.tensor([[1, 3, 5]]))
+        training_step(model, ids)
     message = str(caught.value)
     text = "x[ids == 3] = self.marker"
     assert "\n" not in message and "the backward of" in message, message

@@ -472,7 +472,8 @@ def test_paper_size_run_is_refused_before_the_model_is_built(capsys, monkeypatch
 
 
 def test_meminfo_is_read_in_bytes():
-    from magis.commands.device import available_memory, meminfo_available
+    from magis.capture.host_memory import meminfo_available
+    from magis.commands.device import available_memory
 
     text = "MemTotal:       24000000 kB\nMemFree: 100 kB\nMemAvailable:   20000000 kB\n"
     assert meminfo_available(text) == 20000000 * 1024

@@ -383,7 +383,7 @@ def test_a_gather_reads_the_rows_it_gathers_and_a_scatter_add_rewrites_them():
     along the index move what the whole moves but for the index; index_add also reads and
     writes the output element each source element adds into (MAGIS §4 prices fission by the
     simulator: a split of message passing must not look dearer than the rows it moves)."""
-    from magis.ir.ops import bytes_moved, build_default_registry
+    from magis.ir.ops import build_default_registry, bytes_moved
 
     registry = build_default_registry()
     table, edges, width = 1_000, 64_000, 16
