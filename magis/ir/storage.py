@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -229,9 +229,9 @@ class StorageMap:
                 else:
                     base[ref] = ref
                     nbytes[ref] = (
-                        storage_bytes(nodes, node, info, i, meta)
+                        storage_bytes(nodes, node, info, i, meta, lambda r: nbytes[base[r]])
                         if info is not None and info.sized_by_call
-                        else meta.nbytes
+                        else meta.span_bytes
                     )
                     readers[ref] = []
                     if info is not None and info.host_output:
@@ -311,7 +311,9 @@ class StorageMap:
                 else:
                     appended.append(ref)
                 nbytes[ref] = (
-                    storage_bytes(nodes, node, info, i, meta) if info.sized_by_call else meta.nbytes
+                    storage_bytes(nodes, node, info, i, meta, lambda r: nbytes[base[r]])
+                    if info.sized_by_call
+                    else meta.span_bytes
                 )
                 readers.setdefault(ref, [])
                 if info.host_output:
@@ -391,16 +393,35 @@ def _topological(graph: GraphLike, subset: set[int]) -> list[int]:
 
 
 def storage_bytes(
-    nodes: Mapping[int, Node], node: Node, info: OpInfo, index: int, meta: TensorMeta
+    nodes: Mapping[int, Node],
+    node: Node,
+    info: OpInfo,
+    index: int,
+    meta: TensorMeta,
+    storage_of: Callable[[Ref], int] | None = None,
 ) -> int:
     """Bytes of the storage output `index` of `node` allocates: the output's own, or more where
     the registry says the kernel's buffer is larger than the output's metadata (a resized loss,
-    `OpInfo.keeps_elementwise_storage`; a workspace, `OpInfo.workspace`)."""
+    `OpInfo.keeps_elementwise_storage`; a workspace, `OpInfo.workspace`; a copy of argument
+    0's whole storage, `OpInfo.clones_storage`, with `storage_of` its storage's bytes)."""
+    if info.clones_storage and storage_of is not None:
+        return _cloned_bytes(node, meta, storage_of)
     if info.keeps_elementwise_storage:
         return _allocated_bytes(nodes, node, index, meta)
     if info.workspace is not None:
         return _workspace_bytes(nodes, node, info, index, meta)
     return meta.nbytes
+
+
+def _cloned_bytes(node: Node, meta: TensorMeta, storage_of: Callable[[Ref], int]) -> int:
+    """A functional `copy(self, src)` clones `self`'s whole storage and views it as `self`
+    (ATen's `clone_preserve_strides`), but where `self` overlaps itself (an expansion: then a
+    plain clone, its elements only)."""
+    self_ref = node.args[0] if node.args else None
+    if not isinstance(self_ref, Ref):
+        return meta.span_bytes
+    expanded = any(st == 0 and sz > 1 for sz, st in zip(meta.shape, meta.strides, strict=True))
+    return meta.nbytes if expanded else storage_of(self_ref)
 
 
 def _workspace_bytes(

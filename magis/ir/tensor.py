@@ -54,6 +54,15 @@ def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def storage_span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements from a tensor's first to its last element, both counted: the storage
+    `empty_strided` allocates for it (its element count for a dense layout; 0 when empty)."""
+    numel = math.prod(shape)
+    if numel == 0 or dense_layout(shape, strides):
+        return numel
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(shape, strides, strict=True))
+
+
 def broadcast_numel(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """Elements of the broadcast of shapes `a` and `b` (torch's rule: trailing dims aligned, a
     size-1 dim takes the other's size, so 1 against 0 gives 0)."""
@@ -80,9 +89,12 @@ def pickled_by_fields(cls):
 class TensorMeta:
     """Shape, dtype, size in bytes and strides of one output of one node.
 
-    `nbytes` is the size of the storage the producing op allocates (but for the few losses that
-    keep a larger buffer, `StorageMap.nbytes`); for a view it is the view's own extent, which is
-    never counted on its own (its base's storage is).
+    `nbytes` is the bytes of its elements: what an op reads or writes of it, what a copy of
+    it holds. `span_bytes` is the storage an op that allocates it with these strides takes
+    (`StorageMap.nbytes`, but for the few losses that keep a larger buffer): the same for a
+    dense layout, more for a gapped one (a functional `copy` into a strided view allocates with
+    the view's strides, as `empty_strided` does). A view's are never counted as a storage (its
+    base's storage is).
 
     `strides` are the ones the captured program produced (a channels-last convolution gradient
     is not row-major). Left out, they are row-major: the contract for a node a rule creates is
@@ -94,10 +106,12 @@ class TensorMeta:
     dtype: str
     itemsize: int
     strides: tuple[int, ...] = field(default=None)  # type: ignore[assignment]  # set below
+    _span: int = field(init=False, repr=False, compare=False, default=0)  # elements reached
 
     def __post_init__(self) -> None:
         if self.strides is None:
             object.__setattr__(self, "strides", contiguous_strides(self.shape))
+        object.__setattr__(self, "_span", storage_span(self.shape, self.strides))
 
     @property
     def is_row_major(self) -> bool:
@@ -111,6 +125,10 @@ class TensorMeta:
     @property
     def nbytes(self) -> int:
         return self.numel * self.itemsize
+
+    @property
+    def span_bytes(self) -> int:
+        return self._span * self.itemsize
 
     @property
     def torch_dtype(self) -> torch.dtype:
