@@ -52,6 +52,7 @@ from magis.capture.user_model import Factored, ModelSpec, capture_factored
 from magis.commands.optimize import SearchSetup, find_plan, setup_search
 from magis.commands.run import RunReport, run_step
 from magis.errors import LimitError, MagisError, exception_line
+from magis.ir.guards import guard_nodes
 from magis.search import SearchOptions
 
 MEM_LIMIT = 0.5
@@ -102,6 +103,7 @@ class ArchResult:
     task: str
     dtype: str = "float64"
     nodes: int = 0
+    value_reads: int = 0  # guards: reads of tensor values the capture specialized to
     captured_verified: bool = False
     plan_verified: bool = False
     peak_equal: bool = False
@@ -116,6 +118,11 @@ class ArchResult:
     # why the architecture is counted apart, not as one of magis's failures (`EXCLUDED`): it
     # needs an optional library not installed here, or its head computes no loss
     excluded: str = ""
+
+    @property
+    def specialized(self) -> bool:
+        """Captured and verified for the values its step reads (`magis.capture.specialize`)."""
+        return self.captured_verified and self.value_reads > 0
 
 
 def all_architectures() -> list[Architecture]:
@@ -222,6 +229,7 @@ def run_architecture(cell: Cell) -> ArchResult:
         spec = ModelSpec(arch.label, Path(arch.label), arch.name)
         step = capture_factored(spec, _factored(arch, case))
         result.nodes = len(step.graph.program_order())
+        result.value_reads = len(guard_nodes(step.graph))
         stage = "verify"
         ran = run_step(step, arch.label, cell.hardware, repeats=1)
         result.captured_verified = _verified(ran, result, stage)

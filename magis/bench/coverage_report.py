@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-COUNTS = ("captured_verified", "plan_verified", "peak_equal", "limit_met")
+COUNTS = ("captured_verified", "specialized", "plan_verified", "peak_equal", "limit_met")
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,8 @@ def table_markdown(report: CoverageReport) -> str:
         ),
         f"| counted | {base} |",
         f"| captured and verified (float64; float32 where a kernel refuses it) | {_share(report.count('captured_verified'), base)} |",
+        f"| of which captured for the values the step reads (guarded) | "
+        f"{_share(report.count('specialized'), base)} |",
         f"| plan verified | {_share(report.count('plan_verified'), base)} |",
         f"| simulated = measured peak (within {report.peak_tolerance:.0%}) | "
         f"{_share(report.count('peak_equal'), base)} |",

@@ -18,7 +18,7 @@ import sysconfig
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -60,6 +60,8 @@ class SourceLine:
     lineno: int
     code: str
     before: tuple[str, ...] = ()
+    # the frame's locals (a failure's own frame), to read the field a random draw tests
+    scope: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __str__(self) -> str:
         where = f"{display_path(self.path)}:{self.lineno}"
@@ -76,6 +78,15 @@ class SourceLine:
             if found:
                 return found.group(1)
         return None
+
+    def field_value(self, name: str) -> object:
+        """The value of `name` ('self.layerdrop', 'config.layerdrop') in the failing frame, or
+        None where it cannot be read (no frame, a missing attribute)."""
+        first, *rest = name.split(".")
+        value = self.scope.get(first)
+        for attr in rest:
+            value = getattr(value, attr, None)
+        return value
 
     def branch_fields(self, most: int = 2) -> list[str]:
         """The config attributes that the branches above this line in its function test,
@@ -143,7 +154,7 @@ def failure_site(exc: BaseException) -> SourceLine | None:
         return None
     path, lineno, frame = found
     code = linecache.getline(str(path), lineno).strip()
-    return SourceLine(path, lineno, code, _function_lines(frame, lineno))
+    return SourceLine(path, lineno, code, _function_lines(frame, lineno), dict(frame.f_locals))
 
 
 # A frame of a traceback as Python formats it: file, line number, function, then the code.
@@ -279,7 +290,7 @@ def capture_failure(
     at = (f" at {site}" if site is not None else "") + (f", in {op}" if op else "")
     if is_data_dependent(exc):
         field = site.random_depth_field() if site is not None else None
-        if field is not None:
+        if field is not None and site.field_value(field) != 0:  # at 0 no draw changes a branch
             return RandomDrawError(
                 f"cannot capture a static graph: the step branches on a random draw{at} "
                 f"(training-only random control flow, data-dependent: LayerDrop or stochastic "

@@ -37,10 +37,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from magis.capture.source import innermost_user_frame
 from magis.errors import MagisWarning, RandomDrawError
 
-# Said of a value read where the step's tensors are fake: nothing to specialize to.
+# Said of a value read that cannot be specialized to: fake or meta tensors (nothing to read),
+# or a data-parallel step (each rank would read its own value).
 FAKE_ONLY = (
-    " (its tensors are fake or on the meta device: with real weights and batch magis captures "
-    "the step for the value read, guarded)"
+    " (with real weights and batch, on one process, magis captures such a step for the value "
+    "read, guarded)"
 )
 # The fx node meta key under which `ValueReads` leaves a `ValueRead`.
 READ_KEY = "magis_value_read"

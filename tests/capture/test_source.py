@@ -138,6 +138,36 @@ def test_layerdrop_is_an_error_naming_the_line_and_the_field_to_set():
     assert training_step(model, torch.randn(2, 4)).graph.ops()
 
 
+class DrawsEvenAtZero(nn.Module):
+    """OmniASR's encoder loop, reduced: the coin is drawn whatever the probability."""
+
+    def __init__(self, layerdrop: float) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.layerdrop = layerdrop
+
+    def forward(self, x):
+        for layer in self.layers:
+            to_drop = False
+            if self.training:
+                dropout_probability = torch.rand([])
+                if dropout_probability < self.layerdrop:
+                    to_drop = True
+            if not to_drop:
+                x = layer(x)
+        return x.sum()
+
+
+def test_layerdrop_at_zero_captures_though_the_coin_is_still_drawn():
+    """The error says to set the probability to 0; where the model draws the coin anyway, the
+    step at 0 reads a value no draw can change, and is captured for it."""
+    with pytest.raises(ValueReadError, match="`self.layerdrop`"):
+        training_step(DrawsEvenAtZero(0.1), torch.randn(2, 4))
+    step = training_step(DrawsEvenAtZero(0.0), torch.randn(2, 4))
+    guards = [n for n in step.graph.ops() if step.graph.node(n).op == "magis.expect"]
+    assert [step.graph.node(g).args[2] for g in guards] == [False, False]
+
+
 def test_the_innermost_frame_outside_torch_and_magis_is_the_site():
     try:
         torch.ones(2) @ torch.ones(3)  # torch raises inside its own code; this line is the site
