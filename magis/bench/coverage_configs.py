@@ -238,6 +238,25 @@ def _tiny_value(key: str, value: Any, derivation: str = "tiny") -> Any:
         return type(value)(min(v, TINY_INTS[key]) for v in value)
     if key in FILL_WHEN_NONE and value is None:
         return TINY_INTS[key]
-    if key in NO_RANDOM_CHOICE and isinstance(value, float) and value:
+    if random_choice(key) and isinstance(value, float) and value:
         return 0.0
     return value
+
+
+def random_choice(key: str) -> bool:
+    """Whether config field `key` is the probability of a training-only random choice
+    (`NO_RANDOM_CHOICE`, or a LayerDrop under any prefix: `speech_encoder_layerdrop`)."""
+    return key in NO_RANDOM_CHOICE or key.endswith("layerdrop")
+
+
+def without_random_choices(config: Any) -> None:
+    """Every `random_choice` probability of `config` and of its sub-configs set to 0 (a
+    sub-config's fields are not capped with the top config's: OmniASR's `audio_config`)."""
+    for name in dir(config):
+        if name.startswith("_"):
+            continue
+        value = getattr(config, name, None)
+        if random_choice(name) and isinstance(value, float | int) and value > 0:
+            setattr(config, name, 0.0)
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+            without_random_choices(value)

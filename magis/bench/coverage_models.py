@@ -20,7 +20,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from magis.bench.coverage_configs import BATCH, DERIVATIONS, IMAGE, LENGTH, tiny_config
+from magis.bench.coverage_configs import (
+    BATCH,
+    DERIVATIONS,
+    IMAGE,
+    LENGTH,
+    tiny_config,
+    without_random_choices,
+)
 from magis.errors import MagisError
 
 TRANSFORMERS, DIFFUSERS = "transformers", "diffusers"
@@ -141,7 +148,7 @@ def _tiny_model(
         config.problem_type = "single_label_classification"
     if arch.task == "CAUSAL_LM" and hasattr(config, "is_decoder"):
         config.is_decoder = True  # an encoder's causal-LM head trains it as a decoder (BERT's)
-    _without_layerdrop(config)
+    without_random_choices(config)  # the sub-configs' too
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -149,20 +156,6 @@ def _tiny_model(
         return cls(config).to(dtype).train(), config
     finally:
         torch.set_default_dtype(previous)
-
-
-def _without_layerdrop(config: Any) -> None:
-    """Every LayerDrop probability of `config` set to 0, as the capture's error says to
-    (README "A step that reads tensor values"): a layer skipped on a coin drawn each step is
-    control flow on a random draw, which no static graph holds."""
-    for name in dir(config):
-        if name.startswith("_"):
-            continue
-        value = getattr(config, name, None)
-        if "layerdrop" in name.lower() and isinstance(value, float | int) and value > 0:
-            setattr(config, name, 0.0)
-        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
-            _without_layerdrop(value)
 
 
 @dataclass(frozen=True)
