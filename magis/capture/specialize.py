@@ -117,7 +117,8 @@ def _read(out, args: Sequence) -> ValueRead:
         value, shape = None, tuple(first.shape)
     else:
         value, shape = out, tuple(args[0].shape)
-    earlier = fx_traceback.get_current_meta().get(READ_KEY) if _retraced() else None
+    retraced = fx_traceback.has_preserved_node_meta()
+    earlier = fx_traceback.get_current_meta().get(READ_KEY) if retraced else None
     if earlier is None:
         found = innermost_user_frame("".join(traceback.format_stack()))
         if found is None:  # the autograd engine runs the backward with no line of the user's
@@ -126,10 +127,6 @@ def _read(out, args: Sequence) -> ValueRead:
         return ValueRead(value, shape, site, code=str(found))
     varies = earlier.value != value or earlier.shape != shape
     return ValueRead(value, shape, earlier.site, varies or earlier.varies, earlier.code)
-
-
-def _retraced() -> bool:
-    return fx_traceback.has_preserved_node_meta()
 
 
 def real_copies(tensors: Sequence) -> Callable[[], list] | None:

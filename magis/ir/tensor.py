@@ -92,9 +92,9 @@ class TensorMeta:
     `nbytes` is the bytes of its elements: what an op reads or writes of it, what a copy of
     it holds. `span_bytes` is the storage an op that allocates it with these strides takes
     (`StorageMap.nbytes`, but for the few losses that keep a larger buffer): the same for a
-    dense layout, more for a gapped one (a functional `copy` into a strided view allocates with
-    the view's strides, as `empty_strided` does). A view's are never counted as a storage (its
-    base's storage is).
+    dense layout, more for a gapped one, as `empty_strided` allocates (a functional `copy` into
+    a view takes the view's whole storage instead: `OpInfo.clones_storage`). A view's are never
+    counted as a storage (its base's storage is).
 
     `strides` are the ones the captured program produced (a channels-last convolution gradient
     is not row-major). Left out, they are row-major: the contract for a node a rule creates is
