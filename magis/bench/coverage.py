@@ -58,6 +58,10 @@ from magis.search import SearchOptions
 MEM_LIMIT = 0.5
 PEAK_TOLERANCE = 0.05  # |simulated - measured| / measured: the tests' tolerance for plans
 STAGES = ("build", "capture", "verify", "optimize", "plan-verify", "peak")
+# What the forkserver imports once for every architecture's process: importing transformers and
+# diffusers took 1.75 s of each process's own time (a third of a small model's cell), and each
+# process forked from the server finds them imported.
+WORKER_PRELOAD = ("magis.bench.coverage", "transformers.utils.logging", "diffusers.utils.logging")
 
 
 class CoverageInputError(MagisError):
@@ -178,7 +182,7 @@ def run_coverage(options: CoverageOptions, progress: Progress | None = None) -> 
             progress(f"{archs[i].label} ...", len(report.results), len(cells))
 
     runner = (
-        IsolatedRunner(options.jobs, options.timeout_s, ("magis.bench.coverage",), started)
+        IsolatedRunner(options.jobs, options.timeout_s, WORKER_PRELOAD, started)
         if options.isolate
         else SerialRunner(on_start=started)
     )
