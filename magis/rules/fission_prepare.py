@@ -27,6 +27,7 @@ import torch
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.graph import Node
 from magis.ir.ops import base_name
+from magis.ir.tensor import contiguous_strides
 from magis.rules.rebuild import GraphRebuilder
 
 _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
@@ -63,21 +64,55 @@ def _detach_creation(rb: GraphRebuilder, node: Node) -> None:
     meta = node.outputs[0]
     kw = {"dtype": meta.torch_dtype, "layout": torch.strided, "device": torch.device("cpu")}
     kw["pin_memory"] = False
-    shape = list(meta.shape)
     name = base_name(node.op)
     base = _CREATIONS[name]
+    fill = ()
     if base == "full":  # full_like(x, fill) or x.new_full(size, fill)
-        fill = node.args[1] if name in _LIKE else node.args[2]
-        args, op = (shape, fill), "aten.full.default"
-    elif base == "empty" and not meta.is_row_major:
+        fill = (node.args[1] if name in _LIKE else node.args[2],)
+    if base == "empty" and not meta.is_row_major:
         # Laid out as recorded: dropout draws its mask into it in memory order (codegen)
-        args, op = (shape, list(meta.strides)), "aten.empty_strided.default"
+        args, op = (list(meta.shape), list(meta.strides)), "aten.empty_strided.default"
+    elif not meta.is_row_major:
+        _permuted_creation(rb, node, base, fill, kw)
+        return
     elif base == "empty":
-        args, op = (shape,), "aten.empty.memory_format"
+        args, op = (list(meta.shape),), "aten.empty.memory_format"
     else:
-        args, op = (shape,), f"aten.{base}.default"
+        args, op = (list(meta.shape), *fill), f"aten.{base}.default"
     new = rb.add(node.name, op, args, node.outputs, **kw)
     rb.bind(node.id, [new.node])
+
+
+def _permuted_creation(rb: GraphRebuilder, node: Node, base: str, fill: tuple, kw: dict) -> None:
+    """A `*_like` creation laid out as its input (preserve_format: LaraMini's linear attention
+    state is transposed) made as the creation of the permuted shape and a `permute` back: the
+    recorded strides exactly, reading no tensor. A layout that is no permutation of a row-major
+    one (gaps, overlaps) keeps its `*_like` creation, copied as it is."""
+    meta = node.outputs[0]
+    perm = dense_permutation(meta.shape, meta.strides)
+    if perm is None:
+        rb.copy(node.id)
+        return
+    permuted = TensorMeta(tuple(meta.shape[d] for d in perm), meta.dtype, meta.itemsize)
+    dense = rb.add(
+        f"{node.name}_dense",
+        f"aten.{base}.default",
+        (list(permuted.shape), *fill),
+        (permuted,),
+        **kw,
+    )
+    back = [perm.index(d) for d in range(len(perm))]
+    view = rb.add(node.name, "aten.permute.default", (dense, back), node.outputs)
+    rb.ids[node.id] = [dense.node, view.node]
+    rb.env[Ref(node.id, 0)] = view
+
+
+def dense_permutation(shape: Sequence[int], strides: Sequence[int]) -> list[int] | None:
+    """The order of dims (outermost first) in which `strides` are the row-major strides of the
+    permuted shape, or None where no order gives them (gaps, overlaps)."""
+    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    dense = contiguous_strides(tuple(shape[d] for d in perm))
+    return perm if all(strides[d] == s for d, s in zip(perm, dense, strict=True)) else None
 
 
 def _mean_nll_without_weight(node: Node) -> bool:

@@ -476,6 +476,41 @@ def test_a_gather_backward_no_longer_stops_the_batch_split(one_thread):
     assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
 
 
+class _TransposedState(torch.nn.Module):
+    """A linear attention's running state made by `zeros_like` / `full_like` of a transposed
+    projection (preserve_format: the creations take its transposed strides)."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.k = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kt = self.k(x).transpose(1, 2)
+        state = torch.zeros_like(kt) + kt.cumsum(-1)
+        return (state * torch.full_like(kt, 0.5) + kt).square().sum()
+
+
+def test_prepare_makes_a_transposed_creation_with_its_strides(one_thread):
+    """`prepare` detaches a `*_like` creation laid out as its transposed input as a creation of
+    the permuted shape and a permute back: the meta check holds (the recorded strides exactly),
+    no creation reads a tensor, and the step runs as eager PyTorch does."""
+    from magis.backend.meta_check import check_graph
+    from magis.capture.trace import training_step
+    from magis.rules.fission_prepare import dense_permutation
+
+    torch.manual_seed(0)
+    step = training_step(_TransposedState().double(), (torch.randn(4, 6, 8).double(),))
+    likes = [v for v in step.graph.ops() if step.graph.node(v).op.endswith("_like.default")]
+    assert any(not step.graph.node(v).outputs[0].is_row_major for v in likes)
+    g = prepare(step.graph)
+    assert not any(g.node(v).op.endswith("_like.default") for v in g.ops())
+    assert check_graph(g).ok, check_graph(g).mismatches[:1]
+    v = verify(step, compile_program(g, g.program_order()), step.make_inputs())
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+    assert dense_permutation((4, 8, 6), (48, 1, 8)) == [0, 2, 1]
+    assert dense_permutation((4, 8, 6), (96, 1, 8)) is None  # gapped: kept as captured
+
+
 def _checked_splits(cases) -> int:
     """Split each call in two along each splittable axis its rule claims, merge the parts as
     the rule says and compare with the whole call; the number of outputs compared."""
