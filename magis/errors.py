@@ -38,6 +38,11 @@ class RandomDrawError(ValueReadError):
     one static graph holds one draw; one line naming where, and the setting to change."""
 
 
+class ReseedError(CaptureError):
+    """The step seeds PyTorch's random generator itself (`torch.manual_seed`, `torch.seed`
+    inside the forward or backward): one line naming where."""
+
+
 class TraceFailedError(CaptureError):
     """Tracing the step failed (an op without a fake kernel, a shape error): one line naming the
     source line where it did."""

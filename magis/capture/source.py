@@ -36,7 +36,8 @@ from magis.errors import (
 # Python's standard library (contextlib, functools around the user's code); installed
 # libraries are the place (a venv's standard-library folder holds its site-packages).
 _PATHS = sysconfig.get_paths()
-_NOT_USER = (Path(torch.__file__).parent.resolve(), Path(__file__).parents[1].resolve())
+_MAGIS = Path(__file__).parents[1].resolve()
+_NOT_USER = (Path(torch.__file__).parent.resolve(), _MAGIS)
 _STDLIB = tuple({Path(_PATHS[k]).resolve() for k in ("stdlib", "platstdlib")})
 _LIBRARIES = tuple({Path(_PATHS[k]).resolve() for k in ("purelib", "platlib")})
 _INSTALLED = ("site-packages", "dist-packages")
@@ -139,6 +140,22 @@ def _function_lines(frame: FrameType, lineno: int) -> tuple[str, ...]:
     except (OSError, TypeError):
         return ()
     return tuple(line.strip() for line in lines[: max(lineno - first, 0)])
+
+
+def calling_site(frame: FrameType | None) -> SourceLine | None:
+    """The code that made the call running in `frame`: the first frame outwards that is
+    neither torch's nor the standard library's, when it is the user's or a library's (None when
+    it is magis's own, or there is none)."""
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if path.resolve().is_relative_to(_MAGIS):
+            return None
+        if _is_user_file(path):
+            lineno = frame.f_lineno
+            code = linecache.getline(str(path), lineno).strip()
+            return SourceLine(path.resolve(), lineno, code, _function_lines(frame, lineno))
+        frame = frame.f_back
+    return None
 
 
 def failure_site(exc: BaseException) -> SourceLine | None:

@@ -31,6 +31,7 @@ from magis.capture.fx_import import (
 )
 from magis.capture.inplace import functionalized
 from magis.capture.kernels import capture_kernels
+from magis.capture.reseed import refuse_reseeding
 from magis.capture.sharding import ShardLayout, unsharded
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
 from magis.capture.specialize import (
@@ -165,7 +166,7 @@ def _trace_once_or_twice(
     specialized = {"_error_on_data_dependent_ops": real_args is None}
     reads = contextlib.nullcontext if real_args is None else ValueReads
     with mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
-        with reads():
+        with reads(), refuse_reseeding():
             if root is None:
                 gm = make_fx(fn, **specialized)(*args)
             else:

@@ -215,3 +215,52 @@ def test_a_failure_in_the_backward_names_the_forward_line_that_recorded_it():
     text = "x[ids == 3] = self.marker"
     assert "\n" not in message and "the backward of" in message, message
     assert f"{_line_of(MasksInPlace, text)} `{text}`" in message, message
+
+
+class ReseedsInBackward(torch.autograd.Function):
+    """Reformer's reversible layer, reduced: the backward seeds the generator to replay the
+    forward's dropout."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.nn.functional.dropout(x, 0.5) * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.manual_seed(1234)  # replay the forward's draw
+        return torch.nn.functional.dropout(grad, 0.5) * 2
+
+
+class Reseeds(nn.Module):
+    def __init__(self, in_backward: bool) -> None:
+        super().__init__()
+        self.lin, self.in_backward = nn.Linear(4, 4), in_backward
+
+    def forward(self, x):
+        if self.in_backward:
+            return ReseedsInBackward.apply(self.lin(x)).sum()
+        seed = int(torch.seed() % 1000)  # a fresh seed from the OS every step
+        return (torch.randn(4) * self.lin(x) + seed).sum()
+
+
+@pytest.mark.parametrize(
+    "in_backward, text",
+    [(False, "seed = int(torch.seed() % 1000)"), (True, "torch.manual_seed(1234)")],
+)
+def test_a_step_that_seeds_the_generator_is_refused_naming_the_line(in_backward, text):
+    """A draw after a seeding inside the step comes from a stream the graph does not hold
+    (`magis.capture.reseed`): the capture names the line that seeded, in the forward or the
+    backward, and leaves the user's generator as it was; magis's own seeding passes."""
+    from magis.errors import ReseedError
+
+    model, x = Reseeds(in_backward), torch.randn(2, 4)
+    state = torch.get_rng_state()
+    with pytest.raises(ReseedError) as caught:
+        training_step(model, x)
+    message = str(caught.value)
+    where = "forward" if not in_backward else "backward"
+    owner = Reseeds if not in_backward else ReseedsInBackward
+    assert f"{_line_of(owner, text)} `{text}" in message, (where, message)
+    assert "\n" not in message
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.manual_seed(5) is not None  # patched only while the step is traced
