@@ -26,7 +26,8 @@ so nothing changes outside a capture.
   prefers a decomposition over a registered fake kernel for ops without a meta. The regression
   losses' backward ops (`LOSS_BACKWARD`: MSE, smooth L1, Huber) likewise: their kernels return a
   contiguous gradient, the decomposition one laid out as the input (Sana's and HunyuanImage's
-  loss on a permuted prediction).
+  loss on a permuted prediction), and `_log_softmax_backward_data` (`SOFTMAX_BACKWARD`: a CTC
+  head's log_softmax over a transposed projection).
 """
 
 from __future__ import annotations
@@ -128,11 +129,25 @@ def loss_backward_fake(
 # the kernels make it contiguous (Sana's loss on a permuted prediction); tested as above
 LOSS_BACKWARD = ("mse_loss_backward", "smooth_l1_loss_backward", "huber_loss_backward")
 
+
+def log_softmax_backward_fake(
+    grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype
+) -> torch.Tensor:
+    """The gradient of log_softmax's input, contiguous as the kernel allocates it (its
+    structured meta: the gradient's sizes, no strides), whatever the gradient's layout."""
+    return grad_output.new_empty(grad_output.shape, dtype=input_dtype)
+
+
+# softmax backward ops whose decomposition lays the gradient out as the incoming one while the
+# kernels make it contiguous (OmniASR's CTC head: log_softmax over a transposed projection)
+SOFTMAX_BACKWARD = ("_log_softmax_backward_data",)
+
 # ops without a meta kernel whose decomposition lays out the output unlike their kernels: for
 # the capture, FakeTensorMode takes magis's kernel before the decomposition
 LAYOUT_KERNELS: dict[str, Callable] = {
     **dict.fromkeys(POINTWISE_BACKWARD, pointwise_backward_fake),
     **dict.fromkeys(LOSS_BACKWARD, loss_backward_fake),
+    **dict.fromkeys(SOFTMAX_BACKWARD, log_softmax_backward_fake),
 }
 
 # op overload -> its fake kernel, registered by `capture_kernels`

@@ -146,3 +146,27 @@ def test_regression_loss_gradients_are_contiguous_as_their_kernels_make_them(nam
             with capture_kernels(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 assert op(*map(mode.from_tensor, (grad, x, t))).stride() == real
     assert differed
+
+
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_log_softmax_gradients_are_laid_out_as_the_kernel_lays_them_out(dim):
+    from magis.capture.kernels import SOFTMAX_BACKWARD
+
+    assert "_log_softmax_backward_data" in SOFTMAX_BACKWARD
+    differed = False
+    for grad_layout in LAYOUTS.values():
+        for output_layout in LAYOUTS.values():
+            grad, out = grad_layout(), output_layout().log_softmax(dim)
+            args = (grad, out)
+            real = A._log_softmax_backward_data(*args, dim, torch.float32).stride()
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = A._log_softmax_backward_data(
+                    *map(mode.from_tensor, args), dim, torch.float32
+                )
+                differed |= fake.stride() != real
+            with capture_kernels(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = A._log_softmax_backward_data(
+                    *map(mode.from_tensor, args), dim, torch.float32
+                )
+                assert fake.stride() == real
+    assert differed
