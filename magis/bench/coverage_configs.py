@@ -252,10 +252,11 @@ def random_choice(key: str) -> bool:
 def without_random_choices(config: Any) -> None:
     """Every `random_choice` probability of `config` and of its sub-configs set to 0 (a
     sub-config's fields are not capped with the top config's: OmniASR's `audio_config`)."""
-    for name in dir(config):
+    # the fields a config holds, not `dir`: a per-layer config's properties raise when read
+    # globally (Gemma 4's `head_dim`: AmbiguousGlobalPerLayerAttributeError)
+    for name, value in list(getattr(config, "__dict__", {}).items()):
         if name.startswith("_"):
             continue
-        value = getattr(config, name, None)
         if random_choice(name) and isinstance(value, float | int) and value > 0:
             setattr(config, name, 0.0)
         elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
