@@ -70,7 +70,7 @@ def test_the_json_and_the_table_hold_the_counts(sample_report):
     assert data["architectures"] == data["captured_verified"] == n
     assert data["plan_verified"] == data["peak_equal"] == n and data["failures"] == []
     table = (out / "coverage.md").read_text()
-    assert f"| tried | {n} |" in table and f"| plan verified | {n} (100%) |" in table
+    assert f"| tried | {n} |" in table and f"| plan verified | {n} (100.0%) |" in table
 
 
 def test_a_failure_is_a_row_with_its_stage_category_and_line(tmp_path):
@@ -194,7 +194,7 @@ def test_excluded_architectures_are_counted_apart():
     assert data["excluded"][0]["architecture"] == "transformers:C"
     table = table_markdown(report)
     assert "| excluded: not installable here | 1 |" in table
-    assert "| plan verified | 1 (50%) |" in table
+    assert "| plan verified | 1 (50.0%) |" in table
 
 
 def test_only_a_sweeps_json_reruns_its_failures(tmp_path):
