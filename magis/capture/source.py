@@ -151,9 +151,7 @@ def calling_site(frame: FrameType | None) -> SourceLine | None:
         if path.resolve().is_relative_to(_MAGIS):
             return None
         if _is_user_file(path):
-            lineno = frame.f_lineno
-            code = linecache.getline(str(path), lineno).strip()
-            return SourceLine(path.resolve(), lineno, code, _function_lines(frame, lineno))
+            return _source_line(path.resolve(), frame.f_lineno, frame)
         frame = frame.f_back
     return None
 
@@ -170,8 +168,15 @@ def failure_site(exc: BaseException) -> SourceLine | None:
     if found is None:
         return None
     path, lineno, frame = found
+    return _source_line(path, lineno, frame, dict(frame.f_locals))
+
+
+def _source_line(
+    path: Path, lineno: int, frame: FrameType, scope: dict | None = None
+) -> SourceLine:
+    """Line `lineno` of `path`, run in `frame`: its code and its function's lines above it."""
     code = linecache.getline(str(path), lineno).strip()
-    return SourceLine(path, lineno, code, _function_lines(frame, lineno), dict(frame.f_locals))
+    return SourceLine(path, lineno, code, _function_lines(frame, lineno), scope or {})
 
 
 # A frame of a traceback as Python formats it: file, line number, function, then the code.

@@ -54,6 +54,15 @@ def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def dense_permutation(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int] | None:
+    """The order of dims (outermost first) in which `strides` are the row-major strides of the
+    permuted shape, or None where no order gives them (gaps, overlaps). Unlike `dense_layout`,
+    size-one dimensions must have the strides such a permuted tensor gives them."""
+    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+    dense = contiguous_strides(tuple(shape[d] for d in perm))
+    return perm if all(strides[d] == s for d, s in zip(perm, dense, strict=True)) else None
+
+
 def storage_span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     """Elements from a tensor's first to its last element, both counted: the storage
     `empty_strided` allocates for it (its element count for a dense layout; 0 when empty)."""

@@ -27,7 +27,7 @@ import torch
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.graph import Node
 from magis.ir.ops import base_name
-from magis.ir.tensor import contiguous_strides
+from magis.ir.tensor import dense_permutation
 from magis.rules.rebuild import GraphRebuilder
 
 _LIKE = {"ones_like": "ones", "zeros_like": "zeros", "empty_like": "empty", "full_like": "full"}
@@ -105,14 +105,6 @@ def _permuted_creation(rb: GraphRebuilder, node: Node, base: str, fill: tuple, k
     view = rb.add(node.name, "aten.permute.default", (dense, back), node.outputs)
     rb.ids[node.id] = [dense.node, view.node]
     rb.env[Ref(node.id, 0)] = view
-
-
-def dense_permutation(shape: Sequence[int], strides: Sequence[int]) -> list[int] | None:
-    """The order of dims (outermost first) in which `strides` are the row-major strides of the
-    permuted shape, or None where no order gives them (gaps, overlaps)."""
-    perm = sorted(range(len(shape)), key=lambda d: (-strides[d], d))
-    dense = contiguous_strides(tuple(shape[d] for d in perm))
-    return perm if all(strides[d] == s for d, s in zip(perm, dense, strict=True)) else None
 
 
 def _mean_nll_without_weight(node: Node) -> bool:

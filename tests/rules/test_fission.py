@@ -496,7 +496,7 @@ def test_prepare_makes_a_transposed_creation_with_its_strides(one_thread):
     no creation reads a tensor, and the step runs as eager PyTorch does."""
     from magis.backend.meta_check import check_graph
     from magis.capture.trace import training_step
-    from magis.rules.fission_prepare import dense_permutation
+    from magis.ir.tensor import dense_permutation
 
     torch.manual_seed(0)
     step = training_step(_TransposedState().double(), (torch.randn(4, 6, 8).double(),))
