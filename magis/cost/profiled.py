@@ -12,7 +12,8 @@ timed CPU call follows a few calls of other ops (`Disturbance`), as it does in a
 that cannot run on synthetic inputs (or would read a workspace they cannot hold:
 `OpInfo.reads_workspace`), or whose tensors would not fit in a quarter of the device's memory,
 gets a roofline estimate instead (a generic CPU's; on a GPU the H100 preset's),
-remembered like a measurement.
+remembered like a measurement. A cached time measured while the machine ran over 1.5 times
+slower than it runs now is measured again (`magis.cost.pace`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from magis.cost.allocator import call_scratch_bytes
 from magis.cost.base import CostModel, OpCall, OpKey, key_text, op_key
+from magis.cost.pace import Pace, is_stale
 from magis.cost.roofline import CPU, H100, roofline_time
 from magis.cost.store import OpTimeStore, default_cache_path
 from magis.ir import Graph, OpInfo
@@ -61,6 +63,9 @@ class ProfileInfo:
     loaded: int  # op times read from the file when it was opened
     measured: int  # op configurations this instance timed
     fallbacks: tuple[str, ...]  # ops that could not run and got a roofline estimate
+    # cached times measured on a machine running over `STALE_PACE` times slower than now: not
+    # loaded, measured again on first use
+    retaken: int = 0
 
 
 def device_name(device: torch.device) -> str:
@@ -191,7 +196,10 @@ class ProfiledCostModel(CostModel):
         cache_path: str | Path | None = None,
         warmup: int = 2,
         repeats: int = 8,
+        pace: Callable[[], float] | None = None,
     ) -> None:
+        """`pace`: seconds of a reference workload now (default: `magis.cost.pace.Pace` on
+        `device`), stored with each measured time; tests pass their own."""
         super().__init__()
         self.device = torch.device(device)
         self.name = str(self.device)
@@ -204,6 +212,8 @@ class ProfiledCostModel(CostModel):
         self._store = OpTimeStore(
             path, (device_name(self.device), torch.__version__, PROFILER_VERSION)
         )
+        self._pace = pace if pace is not None else Pace(self.device, self._time_reference).read
+        self._retaken = self._forget_stale_times()
         # op times read (each op's scratch row beside its time is not counted again)
         self._loaded = sum(not k.startswith(_SCRATCH_PREFIX) for k in self._store.rows)
         self._measured = 0
@@ -222,7 +232,7 @@ class ProfiledCostModel(CostModel):
         if cached is not None:
             return cached
         seconds, source = self._measure_or_estimate(call)
-        self._store.put(text, seconds, source)
+        self._put_time(text, seconds, source)
         return seconds
 
     def scratch_bytes(self, graph: Graph, nid: int) -> int:
@@ -294,12 +304,14 @@ class ProfiledCostModel(CostModel):
             except Exception:  # noqa: BLE001 - it ran once; keep that time
                 continue
             if again < first:
-                self._store.put(text, again, MEASURED)
+                self._put_time(text, again, MEASURED)
                 self.forget(key, text)  # recomputed from the store on next use
 
     def profile_info(self) -> ProfileInfo:
         path = self._store.path if self._store.persistent else None
-        return ProfileInfo(path, self._loaded, self._measured, tuple(sorted(self._fallbacks)))
+        return ProfileInfo(
+            path, self._loaded, self._measured, tuple(sorted(self._fallbacks)), self._retaken
+        )
 
     def close(self) -> None:
         """Commit and close the database (also safe to skip: every single write is committed)."""
@@ -394,9 +406,32 @@ class ProfiledCostModel(CostModel):
         if latency is None or bandwidth is None:
             latency, bandwidth = self._measure_transfer()
             with self._store.batch():
-                self._store.put(lat_key, latency, MEASURED)
-                self._store.put(bw_key, bandwidth, MEASURED)
+                self._put_time(lat_key, latency, MEASURED)
+                self._put_time(bw_key, bandwidth, MEASURED)
         return latency, bandwidth
+
+    # --- the machine's pace -------------------------------------------------------------------
+
+    def _put_time(self, text: str, seconds: float, source: str) -> None:
+        """Store a time with the pace it was measured at (an estimate has none)."""
+        self._store.put(text, seconds, source, self._pace() if source == MEASURED else 0.0)
+
+    def _forget_stale_times(self) -> int:
+        """Drop from this run the cached times measured at a pace `is_stale` against now's;
+        how many. (Scratch rows are bytes, which no load changes.)"""
+        store = self._store
+        timed = [k for k, p in store.paces.items() if p > 0 and not k.startswith(_SCRATCH_PREFIX)]
+        if not timed:
+            return 0
+        now = self._pace()
+        stale = [k for k in timed if is_stale(store.paces[k], now)]
+        store.forget(stale)
+        return len(stale)
+
+    def _time_reference(self, fn: Callable[[], object], samples: int) -> float:
+        """The pace's timer: seconds per call of `fn` as ops are timed on this device."""
+        calls = CUDA_CALLS_PER_SAMPLE if self.device.type == "cuda" else 1
+        return time_call(fn, self.warmup, samples, sync=self._sync, calls=calls)
 
     def _measure_transfer(self) -> tuple[float, float]:
         """Latency from a one-element copy, bandwidth from a 16 MiB one (device -> host)."""

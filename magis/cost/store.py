@@ -3,6 +3,10 @@
 The cache must never stop the optimizer: a corrupted file is moved aside (``.corrupt``) and a
 fresh one started; a locked database or an unwritable path degrades to a cache held in memory for
 this run. Each case gives one `MagisWarning` line that names the file.
+
+Each measured row carries the machine's pace when it was measured (`magis.cost.pace`), so that
+a time taken on a busy machine is taken again on a quiet one (`ProfiledCostModel` drops such
+rows from its run with `forget`; their new times replace them in the file).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import sqlite3
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -28,7 +32,7 @@ LOCK_TIMEOUT_S = 2.0
 # Inside `batch()`, commit every this many rows: an interrupted profile keeps most of its work.
 BATCH_ROWS = 64
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the pace column (a version-1 file is cleared once)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS op_times (
     device TEXT NOT NULL,
@@ -37,6 +41,7 @@ CREATE TABLE IF NOT EXISTS op_times (
     key TEXT NOT NULL,
     seconds REAL NOT NULL,
     source TEXT NOT NULL,  -- 'measured', or 'estimated' when the op could not run
+    pace REAL NOT NULL,  -- seconds of the reference workload then (0: unknown)
     PRIMARY KEY (device, torch, profiler, key)
 )
 """
@@ -73,7 +78,8 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 
 class OpTimeStore:
-    """Rows (device, torch version, profiler version, op key text) -> seconds.
+    """Rows (device, torch version, profiler version, op key text) -> seconds, each with the
+    pace of the machine when it was measured.
 
     Rows of this scope are loaded when the file is opened and written as they are measured.
 
@@ -87,6 +93,7 @@ class OpTimeStore:
         self.conn: sqlite3.Connection | None = None
         self.rows: dict[str, float] = {}
         self.sources: dict[str, str] = {}
+        self.paces: dict[str, float] = {}
         self._pending = 0
         self._batch_depth = 0
         if self.path is not None:
@@ -117,7 +124,7 @@ class OpTimeStore:
         try:
             _ensure_schema(conn)
             rows = conn.execute(
-                "SELECT key, seconds, source FROM op_times"
+                "SELECT key, seconds, source, pace FROM op_times"
                 " WHERE device = ? AND torch = ? AND profiler = ?",
                 self.scope,
             ).fetchall()
@@ -125,9 +132,10 @@ class OpTimeStore:
             conn.close()
             raise
         self.conn = conn
-        for key, seconds, source in rows:
+        for key, seconds, source, pace in rows:
             self.rows[key] = float(seconds)
             self.sources[key] = source
+            self.paces[key] = float(pace)
 
     def _move_aside(self, path: Path, exc: sqlite3.Error) -> Path | None:
         self._close()
@@ -160,21 +168,30 @@ class OpTimeStore:
     def get(self, key: str) -> float | None:
         return self.rows.get(key)
 
-    def put(self, key: str, seconds: float, source: str) -> None:
+    def put(self, key: str, seconds: float, source: str, pace: float = 0.0) -> None:
         self.rows[key] = seconds
         self.sources[key] = source
+        self.paces[key] = pace
         if self.conn is None:
             return
         try:
             self.conn.execute(
-                "INSERT OR REPLACE INTO op_times VALUES (?, ?, ?, ?, ?, ?)",
-                (*self.scope, key, seconds, source),
+                "INSERT OR REPLACE INTO op_times VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*self.scope, key, seconds, source, pace),
             )
             self._pending += 1
             if self._batch_depth == 0 or self._pending >= BATCH_ROWS:
                 self._commit()
         except sqlite3.Error as exc:
             self._degrade(f"cannot write op cache {self.path} ({_reason(exc)})")
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop `keys` from this run's rows (asked for again, they are measured again and
+        replace the file's rows)."""
+        for key in keys:
+            self.rows.pop(key, None)
+            self.sources.pop(key, None)
+            self.paces.pop(key, None)
 
     def _commit(self) -> None:
         if self.conn is not None and self._pending:

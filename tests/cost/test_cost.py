@@ -22,6 +22,8 @@ from magis.cost import (
 )
 from magis.cost import store as store_module
 from magis.cost.base import OpCall, op_key
+from magis.cost.pace import TTL_S, Pace, is_stale
+from magis.cost.profiled import time_call
 from magis.cost.store import default_cache_path
 from magis.errors import MagisWarning, UnknownHardwareError
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
@@ -308,6 +310,52 @@ def test_profiled_transfer_time_is_measured_once_and_grows(tmp_path, monkeypatch
     model.close()
     monkeypatch.setattr(ProfiledCostModel, "_measure_transfer", lambda self: 1 / 0)
     assert profiled(tmp_path).transfer_time(1 << 30) == big
+
+
+def test_times_measured_on_a_busier_machine_are_taken_again(tmp_path, small_step, monkeypatch):
+    g = small_step.graph
+    busy = profiled(tmp_path, pace=lambda: 1.0)  # the reference workload took 1 s then
+    expected = busy.node_times(g)
+    measured = busy.profile_info().measured
+    busy.close()
+    with monkeypatch.context() as m:  # as busy now, or a little less: every time is read back
+        forbid_measuring(m)
+        again = profiled(tmp_path, pace=lambda: 0.8)
+        np.testing.assert_array_equal(again.node_times(g), expected)
+        assert again.profile_info().loaded == measured and again.profile_info().retaken == 0
+        # a quiet machine's rows are kept on a busy one: they are the better measurement
+        assert profiled(tmp_path, pace=lambda: 5.0).profile_info().retaken == 0
+    quiet = profiled(tmp_path, pace=lambda: 0.5)  # twice as fast: the rows are stale
+    assert quiet.profile_info().retaken == measured > 0
+    assert quiet.profile_info().loaded == 0
+    quiet.node_times(g)
+    assert quiet.profile_info().measured == measured
+    quiet.close()
+    with sqlite3.connect(tmp_path / "ops.sqlite") as conn:  # replaced, with the new pace
+        paces = {
+            p for (p,) in conn.execute("SELECT pace FROM op_times WHERE key NOT LIKE 'scratch:%'")
+        }
+    assert paces == {0.5}
+    forbid_measuring(monkeypatch)
+    assert profiled(tmp_path, pace=lambda: 0.5).profile_info().loaded == measured
+
+
+def test_the_pace_is_read_again_only_when_its_reading_is_old():
+    readings, clock = iter([2e-5, 3e-5]), [0.0]
+    timer_calls = []
+
+    def timer(fn, samples):
+        fn()  # the reference workload runs
+        timer_calls.append(samples)
+        return next(readings)
+
+    pace = Pace(torch.device("cpu"), timer, clock=lambda: clock[0])
+    assert pace.read() == pace.read() == 2e-5 and len(timer_calls) == 1
+    clock[0] += TTL_S + 0.1
+    assert pace.read() == 3e-5 and len(timer_calls) == 2
+    assert is_stale(1.0, 0.5) and not is_stale(1.0, 0.8) and not is_stale(0.0, 1e-9)
+    real = Pace(torch.device("cpu"), lambda fn, samples: time_call(fn, 1, samples))
+    assert 0 < real.read() < 1.0  # a few small ops on this CPU
 
 
 def test_a_cache_of_another_schema_is_cleared(tmp_path, small_step):
