@@ -47,7 +47,7 @@ from magis.bench.coverage_models import (
 )
 from magis.bench.coverage_report import CoverageReport, Failure, write_outputs
 from magis.bench.parallel import CellFailure, IsolatedRunner, SerialRunner, run_cells
-from magis.capture.source import failed_op
+from magis.capture.source import failed_op, failure_site
 from magis.capture.trace import Step
 from magis.capture.user_model import Factored, ModelSpec, capture_factored
 from magis.commands.optimize import SearchSetup, find_plan, setup_search
@@ -379,7 +379,15 @@ def _category(exc: BaseException) -> str:
 
 
 def _message(exc: BaseException) -> str:
-    return exception_line(_innermost_magis_error(exc))
+    """The error's line; for an error of the model's own code (a build whose model never ran
+    at the tiny configuration), where it was raised in the library (magis's capture errors
+    name their line themselves)."""
+    inner = _innermost_magis_error(exc)
+    line = exception_line(inner)
+    if isinstance(inner, MagisError):
+        return line
+    site = failure_site(exc)
+    return f"{line} (at {site})" if site is not None else line
 
 
 def _quiet_libraries() -> None:

@@ -100,17 +100,17 @@ class SourceLine:
 
 
 def display_path(path: Path) -> str:
-    """`path` as a user finds it: below the working folder, or below site-packages (an
-    installed library's `transformers/models/.../modeling_x.py`), else in full."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        pass
+    """`path` as a user finds it: below site-packages (an installed library's
+    `transformers/models/.../modeling_x.py`, also in a virtual environment inside the working
+    folder), below the working folder, else in full."""
     parts = path.parts
     for marker in _INSTALLED:
         if marker in parts:
             return str(Path(*parts[parts.index(marker) + 1 :]))
-    return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

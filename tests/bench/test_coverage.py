@@ -85,6 +85,26 @@ def test_a_failure_is_a_row_with_its_stage_category_and_line(tmp_path):
     assert result.failure.category == "AttributeError" and "\n" not in result.failure.message
 
 
+def _a_library_that_rejects_its_config(*args):
+    raise KeyError("full_attention")  # as a model library's code does
+
+
+def test_a_build_failure_names_the_library_line_that_raised(monkeypatch):
+    from magis.bench.coverage import Cell, run_architecture
+    from magis.bench.coverage_models import Architecture
+
+    monkeypatch.setattr("magis.bench.coverage.build_case", _a_library_that_rejects_its_config)
+    result = run_architecture(
+        Cell(Architecture("transformers", "GPT2LMHeadModel", "CAUSAL_LM"), 1, 1, "rtx3090")
+    )
+    failure = result.failure
+    assert failure is not None and failure.stage == "build" and failure.category == "KeyError"
+    assert failure.message.startswith(
+        "KeyError: 'full_attention' (at tests/bench/test_coverage.py:"
+    )
+    assert '`raise KeyError("full_attention")' in failure.message and "\n" not in failure.message
+
+
 def test_tiny_configs_are_derived_from_the_config_class():
     from transformers import BertConfig, Wav2Vec2Config
 

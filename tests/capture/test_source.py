@@ -264,3 +264,13 @@ def test_a_step_that_seeds_the_generator_is_refused_naming_the_line(in_backward,
     assert "\n" not in message
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.manual_seed(5) is not None  # patched only while the step is traced
+
+
+def test_an_installed_library_is_named_from_its_package_even_inside_the_working_folder(
+    tmp_path, monkeypatch
+):
+    """A virtual environment in the project folder: `transformers/...`, not `.venv/lib/...`."""
+    monkeypatch.chdir(tmp_path)
+    installed = tmp_path / ".venv/lib/python3.11/site-packages/transformers/models/x.py"
+    assert display_path(installed) == "transformers/models/x.py"
+    assert display_path(tmp_path / "train.py") == "train.py"
