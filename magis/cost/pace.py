@@ -22,7 +22,10 @@ from collections.abc import Callable
 
 import torch
 
-STALE_PACE = 1.5  # a row measured this many times slower than the machine's pace now is retaken
+# A row measured this many times slower than the machine's pace now is retaken. Two readings
+# on one busy machine differ by up to about 2x (seen beside a test run on this 2-core machine);
+# rows taken under a burst of load were 100-400x slow.
+STALE_PACE = 3.0
 SAMPLES = 16
 TTL_S = 2.0  # a reading is reused this long: a profile stores thousands of rows
 
@@ -54,7 +57,8 @@ class Pace:
 
 def is_stale(measured_at: float, now: float) -> bool:
     """Whether a row measured at pace `measured_at` should be taken again at pace `now`
-    (0 is an unknown pace: a row estimated rather than measured, never retaken for it)."""
+    (0 is an unknown pace: a row estimated rather than measured, or a model given no pace,
+    never retaken for it)."""
     return measured_at > 0 and now > 0 and measured_at > STALE_PACE * now
 
 

@@ -12,7 +12,7 @@ timed CPU call follows a few calls of other ops (`Disturbance`), as it does in a
 that cannot run on synthetic inputs (or would read a workspace they cannot hold:
 `OpInfo.reads_workspace`), or whose tensors would not fit in a quarter of the device's memory,
 gets a roofline estimate instead (a generic CPU's; on a GPU the H100 preset's),
-remembered like a measurement. A cached time measured while the machine ran over 1.5 times
+remembered like a measurement. A cached time measured while the machine ran over 3 times
 slower than it runs now is measured again (`magis.cost.pace`).
 """
 
@@ -32,9 +32,10 @@ import torch
 
 from magis.cost.allocator import call_scratch_bytes
 from magis.cost.base import CostModel, OpCall, OpKey, key_text, op_key
+from magis.cost.links import Interconnect
 from magis.cost.pace import Pace, is_stale
 from magis.cost.roofline import CPU, H100, roofline_time
-from magis.cost.store import OpTimeStore, default_cache_path
+from magis.cost.store import MEMORY, OpTimeStore, default_cache_path
 from magis.ir import Graph, OpInfo
 from magis.ir.ops import bytes_moved, resolve_overload
 from magis.ir.tensor import TensorMeta
@@ -199,7 +200,8 @@ class ProfiledCostModel(CostModel):
         pace: Callable[[], float] | None = None,
     ) -> None:
         """`pace`: seconds of a reference workload now (default: `magis.cost.pace.Pace` on
-        `device`), stored with each measured time; tests pass their own."""
+        `device`), stored with each measured time; one that returns 0 (no pace known) keeps
+        every cached time whatever the machine's load (tests that read a cache back)."""
         super().__init__()
         self.device = torch.device(device)
         self.name = str(self.device)
@@ -306,6 +308,39 @@ class ProfiledCostModel(CostModel):
             if again < first:
                 self._put_time(text, again, MEASURED)
                 self.forget(key, text)  # recomputed from the store on next use
+
+    def __reduce__(self) -> tuple:
+        """Pickled for a search's worker processes (`magis optimize --hardware cpu --workers
+        2`; the SQLite connection and the pace's tensors are this process's): the worker opens
+        the same cache file again, which holds what this process measured, or gets the rows of a
+        cache held in memory; the link is this model's."""
+        rows = None
+        if not self._store.persistent:
+            store = self._store
+            rows = {
+                k: (v, store.sources[k], store.paces.get(k, 0.0)) for k, v in store.rows.items()
+            }
+        path = self._store.path if self._store.persistent else None
+        args = (str(self.device), path, self.warmup, self.repeats, self.interconnect, rows)
+        return (ProfiledCostModel._reopened, args)
+
+    @classmethod
+    def _reopened(
+        cls,
+        device: str,
+        path: Path | None,
+        warmup: int,
+        repeats: int,
+        interconnect: Interconnect,
+        rows: dict[str, tuple[float, str, float]] | None,
+    ) -> ProfiledCostModel:
+        model = cls(
+            device, cache_path=path if path is not None else MEMORY, warmup=warmup, repeats=repeats
+        )
+        model.interconnect = interconnect
+        for key, (seconds, source, pace) in (rows or {}).items():
+            model._store.put(key, seconds, source, pace)
+        return model
 
     def profile_info(self) -> ProfileInfo:
         path = self._store.path if self._store.persistent else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import sqlite3
 import warnings
 
@@ -22,6 +23,7 @@ from magis.cost import (
 )
 from magis.cost import store as store_module
 from magis.cost.base import OpCall, op_key
+from magis.cost.links import Interconnect, get_link
 from magis.cost.pace import TTL_S, Pace, is_stale
 from magis.cost.profiled import time_call
 from magis.cost.store import default_cache_path
@@ -195,6 +197,9 @@ def test_unknown_hardware_is_a_one_line_error():
 
 
 def profiled(tmp_path, name: str = "ops.sqlite", **kw) -> ProfiledCostModel:
+    """A profiled model on a cache in `tmp_path`; with no pace known unless given one, so that
+    a second instance reads back every time whatever the machine's load meanwhile."""
+    kw.setdefault("pace", lambda: 0.0)
     return ProfiledCostModel(cache_path=tmp_path / name, warmup=1, repeats=3, **kw)
 
 
@@ -320,12 +325,12 @@ def test_times_measured_on_a_busier_machine_are_taken_again(tmp_path, small_step
     busy.close()
     with monkeypatch.context() as m:  # as busy now, or a little less: every time is read back
         forbid_measuring(m)
-        again = profiled(tmp_path, pace=lambda: 0.8)
+        again = profiled(tmp_path, pace=lambda: 0.4)
         np.testing.assert_array_equal(again.node_times(g), expected)
         assert again.profile_info().loaded == measured and again.profile_info().retaken == 0
         # a quiet machine's rows are kept on a busy one: they are the better measurement
         assert profiled(tmp_path, pace=lambda: 5.0).profile_info().retaken == 0
-    quiet = profiled(tmp_path, pace=lambda: 0.5)  # twice as fast: the rows are stale
+    quiet = profiled(tmp_path, pace=lambda: 0.25)  # four times as fast: the rows are stale
     assert quiet.profile_info().retaken == measured > 0
     assert quiet.profile_info().loaded == 0
     quiet.node_times(g)
@@ -335,9 +340,28 @@ def test_times_measured_on_a_busier_machine_are_taken_again(tmp_path, small_step
         paces = {
             p for (p,) in conn.execute("SELECT pace FROM op_times WHERE key NOT LIKE 'scratch:%'")
         }
-    assert paces == {0.5}
+    assert paces == {0.25}
     forbid_measuring(monkeypatch)
-    assert profiled(tmp_path, pace=lambda: 0.5).profile_info().loaded == measured
+    assert profiled(tmp_path, pace=lambda: 0.25).profile_info().loaded == measured
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_profiled_model_goes_to_a_search_worker_with_its_times(
+    tmp_path, small_step, monkeypatch, where
+):
+    """`--hardware cpu --workers 2` pickles the model: the worker reopens the cache file or
+    gets the rows of one held in memory, and measures nothing the parent measured."""
+    g = small_step.graph
+    path = tmp_path / "ops.sqlite" if where == "file" else ":memory:"
+    model = ProfiledCostModel(cache_path=path, warmup=1, repeats=3, pace=lambda: 0.0)
+    model.profile_graph(g)
+    expected = model.node_times(g)
+    link = Interconnect(get_link("pcie"), 4)
+    model.interconnect = link
+    forbid_measuring(monkeypatch)
+    worker = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(worker.node_times(g), expected)
+    assert worker.interconnect == link and worker.profile_info().measured == 0
 
 
 def test_the_pace_is_read_again_only_when_its_reading_is_old():
@@ -353,7 +377,7 @@ def test_the_pace_is_read_again_only_when_its_reading_is_old():
     assert pace.read() == pace.read() == 2e-5 and len(timer_calls) == 1
     clock[0] += TTL_S + 0.1
     assert pace.read() == 3e-5 and len(timer_calls) == 2
-    assert is_stale(1.0, 0.5) and not is_stale(1.0, 0.8) and not is_stale(0.0, 1e-9)
+    assert is_stale(1.0, 0.25) and not is_stale(1.0, 0.4) and not is_stale(0.0, 1e-9)
     real = Pace(torch.device("cpu"), lambda fn, samples: time_call(fn, 1, samples))
     assert 0 < real.read() < 1.0  # a few small ops on this CPU
 
