@@ -10,17 +10,16 @@ a step measured at 3.4 ms; a fresh cache simulated 1.8 ms.)
 So every measured row is stored with the pace at which it was measured, and a cost model that
 opens the cache on a machine running more than `STALE_PACE` times faster takes those rows
 again. A row measured on a quiet machine is kept on a busy one: it is the better measurement.
-The reference is the kind of work a program's small ops do (the profiler's own disturbance
-calls and a small matmul, dispatch included); its lower quartile over `SAMPLES` samples is one
-reading, a few milliseconds, taken again when the last one is older than `TTL_S`.
+The reference is the kind of work a program's small ops do: the profiler's own disturbance
+calls (`profiled.Disturbance`, eight small ATen ops, dispatch included); its lower quartile over
+`SAMPLES` samples is one reading, a few milliseconds, taken again when the last one is older
+than `TTL_S`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-import torch
 
 # A row measured this many times slower than the machine's pace now is retaken. Two readings
 # on one busy machine differ by up to about 2x (seen beside a test run on this 2-core machine);
@@ -31,20 +30,20 @@ TTL_S = 2.0  # a reading is reused this long: a profile stores thousands of rows
 
 
 class Pace:
-    """Readings of the reference workload on one device, each reused for `TTL_S` seconds.
+    """Readings of a `reference` workload, each reused for `TTL_S` seconds.
 
     `timer(fn, samples)` times `fn` (seconds per call, lower quartile); the profiled model
     passes its own, which synchronizes a GPU."""
 
     def __init__(
         self,
-        device: torch.device,
+        reference: Callable[[], object],
         timer: Callable[[Callable[[], object], int], float],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._reference = reference
         self._timer = timer
         self._clock = clock
-        self._reference = _reference_workload(device)
         self._last: tuple[float, float] | None = None  # (clock at reading, seconds)
 
     def read(self) -> float:
@@ -60,21 +59,3 @@ def is_stale(measured_at: float, now: float) -> bool:
     (0 is an unknown pace: a row estimated rather than measured, or a model given no pace,
     never retaken for it)."""
     return measured_at > 0 and now > 0 and measured_at > STALE_PACE * now
-
-
-def _reference_workload(device: torch.device) -> Callable[[], object]:
-    """A few small ATen calls and a 64x64 matmul on `device`: dispatch-bound like most of a
-    training step's ops, so a busy core shows in it as it does in them."""
-    aten = torch.ops.aten
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.rand(16, 32, generator=gen, device=device)
-    a = torch.rand(64, 64, generator=gen, device=device)
-
-    def run() -> object:
-        aten.add.Tensor(x, x)
-        aten.mul.Tensor(x, 2.0)
-        aten.sum.dim_IntList(x, [0])
-        aten.gelu.default(x)
-        return aten.mm.default(a, a)
-
-    return run

@@ -35,7 +35,7 @@ from magis.cost.base import CostModel, OpCall, OpKey, key_text, op_key
 from magis.cost.links import Interconnect
 from magis.cost.pace import Pace, is_stale
 from magis.cost.roofline import CPU, H100, roofline_time
-from magis.cost.store import MEMORY, OpTimeStore, default_cache_path
+from magis.cost.store import MEMORY, OpTimeStore, Row, default_cache_path
 from magis.ir import Graph, OpInfo
 from magis.ir.ops import bytes_moved, resolve_overload
 from magis.ir.tensor import TensorMeta
@@ -169,9 +169,9 @@ class Disturbance:
     conditions its unsplit parent was.
     """
 
-    def __init__(self) -> None:
-        self.x = torch.rand(16, 32)
-        self.y = torch.rand(32, 16)
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.x = torch.rand(16, 32, device=device)
+        self.y = torch.rand(32, 16, device=device)
 
     def __call__(self) -> None:
         aten, x = torch.ops.aten, self.x
@@ -214,7 +214,9 @@ class ProfiledCostModel(CostModel):
         self._store = OpTimeStore(
             path, (device_name(self.device), torch.__version__, PROFILER_VERSION)
         )
-        self._pace = pace if pace is not None else Pace(self.device, self._time_reference).read
+        if pace is None:  # the machine's pace: the disturbance's calls, timed as ops are
+            pace = Pace(Disturbance(self.device), self._time_reference).read
+        self._pace = pace
         self._retaken = self._forget_stale_times()
         # op times read (each op's scratch row beside its time is not counted again)
         self._loaded = sum(not k.startswith(_SCRATCH_PREFIX) for k in self._store.rows)
@@ -314,13 +316,9 @@ class ProfiledCostModel(CostModel):
         2`; the SQLite connection and the pace's tensors are this process's): the worker opens
         the same cache file again, which holds what this process measured, or gets the rows of a
         cache held in memory; the link is this model's."""
-        rows = None
-        if not self._store.persistent:
-            store = self._store
-            rows = {
-                k: (v, store.sources[k], store.paces.get(k, 0.0)) for k, v in store.rows.items()
-            }
-        path = self._store.path if self._store.persistent else None
+        persistent = self._store.persistent
+        rows = None if persistent else dict(self._store.rows)
+        path = self._store.path if persistent else None
         args = (str(self.device), path, self.warmup, self.repeats, self.interconnect, rows)
         return (ProfiledCostModel._reopened, args)
 
@@ -332,14 +330,14 @@ class ProfiledCostModel(CostModel):
         warmup: int,
         repeats: int,
         interconnect: Interconnect,
-        rows: dict[str, tuple[float, str, float]] | None,
+        rows: dict[str, Row] | None,
     ) -> ProfiledCostModel:
         model = cls(
             device, cache_path=path if path is not None else MEMORY, warmup=warmup, repeats=repeats
         )
         model.interconnect = interconnect
-        for key, (seconds, source, pace) in (rows or {}).items():
-            model._store.put(key, seconds, source, pace)
+        for key, row in (rows or {}).items():
+            model._store.put(key, row.seconds, row.source, row.pace)
         return model
 
     def profile_info(self) -> ProfileInfo:
@@ -454,13 +452,16 @@ class ProfiledCostModel(CostModel):
     def _forget_stale_times(self) -> int:
         """Drop from this run the cached times measured at a pace `is_stale` against now's;
         how many. (Scratch rows are bytes, which no load changes.)"""
-        store = self._store
-        timed = [k for k, p in store.paces.items() if p > 0 and not k.startswith(_SCRATCH_PREFIX)]
-        if not timed:
+        timed = {
+            k: row.pace
+            for k, row in self._store.rows.items()
+            if row.pace > 0 and not k.startswith(_SCRATCH_PREFIX)
+        }
+        if not timed:  # no pace to compare with: the reference is not run
             return 0
         now = self._pace()
-        stale = [k for k in timed if is_stale(store.paces[k], now)]
-        store.forget(stale)
+        stale = [k for k, pace in timed.items() if is_stale(pace, now)]
+        self._store.forget(stale)
         return len(stale)
 
     def _time_reference(self, fn: Callable[[], object], samples: int) -> float:

@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -77,6 +78,15 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
     return "not a database" in text or "malformed" in text
 
 
+@dataclass(frozen=True)
+class Row:
+    """One cached op time."""
+
+    seconds: float
+    source: str  # 'measured', or 'estimated' when the op could not run
+    pace: float = 0.0  # seconds of the reference workload when it was measured (0: unknown)
+
+
 class OpTimeStore:
     """Rows (device, torch version, profiler version, op key text) -> seconds, each with the
     pace of the machine when it was measured.
@@ -91,9 +101,7 @@ class OpTimeStore:
         self.scope = scope  # (device, torch version, profiler version)
         self.path = None if path is None or str(path) == MEMORY else Path(path)
         self.conn: sqlite3.Connection | None = None
-        self.rows: dict[str, float] = {}
-        self.sources: dict[str, str] = {}
-        self.paces: dict[str, float] = {}
+        self.rows: dict[str, Row] = {}
         self._pending = 0
         self._batch_depth = 0
         if self.path is not None:
@@ -133,9 +141,7 @@ class OpTimeStore:
             raise
         self.conn = conn
         for key, seconds, source, pace in rows:
-            self.rows[key] = float(seconds)
-            self.sources[key] = source
-            self.paces[key] = float(pace)
+            self.rows[key] = Row(float(seconds), source, float(pace))
 
     def _move_aside(self, path: Path, exc: sqlite3.Error) -> Path | None:
         self._close()
@@ -166,12 +172,11 @@ class OpTimeStore:
     # --- use ----------------------------------------------------------------------------------
 
     def get(self, key: str) -> float | None:
-        return self.rows.get(key)
+        row = self.rows.get(key)
+        return None if row is None else row.seconds
 
     def put(self, key: str, seconds: float, source: str, pace: float = 0.0) -> None:
-        self.rows[key] = seconds
-        self.sources[key] = source
-        self.paces[key] = pace
+        self.rows[key] = Row(seconds, source, pace)
         if self.conn is None:
             return
         try:
@@ -190,8 +195,6 @@ class OpTimeStore:
         replace the file's rows)."""
         for key in keys:
             self.rows.pop(key, None)
-            self.sources.pop(key, None)
-            self.paces.pop(key, None)
 
     def _commit(self) -> None:
         if self.conn is not None and self._pending:

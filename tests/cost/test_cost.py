@@ -25,7 +25,7 @@ from magis.cost import store as store_module
 from magis.cost.base import OpCall, op_key
 from magis.cost.links import Interconnect, get_link
 from magis.cost.pace import TTL_S, Pace, is_stale
-from magis.cost.profiled import time_call
+from magis.cost.profiled import Disturbance, time_call
 from magis.cost.store import default_cache_path
 from magis.errors import MagisWarning, UnknownHardwareError
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
@@ -373,12 +373,12 @@ def test_the_pace_is_read_again_only_when_its_reading_is_old():
         timer_calls.append(samples)
         return next(readings)
 
-    pace = Pace(torch.device("cpu"), timer, clock=lambda: clock[0])
+    pace = Pace(lambda: None, timer, clock=lambda: clock[0])
     assert pace.read() == pace.read() == 2e-5 and len(timer_calls) == 1
     clock[0] += TTL_S + 0.1
     assert pace.read() == 3e-5 and len(timer_calls) == 2
     assert is_stale(1.0, 0.25) and not is_stale(1.0, 0.4) and not is_stale(0.0, 1e-9)
-    real = Pace(torch.device("cpu"), lambda fn, samples: time_call(fn, 1, samples))
+    real = Pace(Disturbance(), lambda fn, samples: time_call(fn, 1, samples))
     assert 0 < real.read() < 1.0  # a few small ops on this CPU
 
 
