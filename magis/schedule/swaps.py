@@ -45,17 +45,25 @@ def time_swaps(
     """`order` with every Store right after its producer and every Load placed by
     `_hidden_position`, each copy in turn in program order (Stores first). `pos`: the
     order's positions, if known (read for the copies and their neighbours only)."""
-    copies = tables(graph).copy_nodes
+    t = tables(graph)
+    copies = t.copy_nodes
     if not copies:
         return list(order)
-    pos = positions(order) if pos is None else pos
+    if pos is None or len(copies) * _READS_PER_INDEXED_STEP > len(order):
+        pos = positions(order)
+    preds = t.wait_preds  # every copy's predecessors
     stores, loads = _copies(graph, copies, pos)
-    if any(
-        p in copies and graph.node(p).op == STORE_OP for s in stores for p in graph.predecessors(s)
-    ):
+    if any(p in copies and graph.node(p).op == STORE_OP for s in stores for p in preds[s]):
         return time_swaps_by_moves(graph, order, cost)
     times = node_times(graph, cost)
     return _placed_by_keys(graph, order, stores, loads, times, cost, pos, copies)
+
+
+# A given `pos` (the rescheduler's ranks of an order made by insertions) costs about this many
+# times an index of the order per read. Timing reads a few positions per copy: with more copies
+# than a 64th of the order (14,000 among 140,000 steps of an unrolled scan, where the reads
+# took 0.1 s a child), the order is indexed once instead.
+_READS_PER_INDEXED_STEP = 64
 
 
 def _copies(graph: Graph, copies, pos: Mapping[int, int]) -> tuple[list[int], list[int]]:
@@ -125,7 +133,7 @@ def _placed_by_keys(
         if need <= 0:
             return at
         ends = math.ceil(at)
-        covering = min(int(np.searchsorted(start, start[ends] - need, side="right")) - 1, ends - 1)
+        covering = min(bisect.bisect_right(start, start[ends] - need) - 1, ends - 1)
         if covering > floor:
             return covering  # a compute op with time: never a removed copy
         lowest = lowest_above(floor)
@@ -133,26 +141,28 @@ def _placed_by_keys(
 
     # No Store depends on a Store, so each Store's latest predecessor is where it was in
     # `order`; the Stores after one producer run latest-moved first (each went right after it).
+    preds = tables(graph).wait_preds  # every copy's predecessors
     after: dict[int, list[int]] = {}
     for s in stores:
         removed.add(pos[s])
-        after.setdefault(max(pos[p] for p in graph.predecessors(s)), []).append(s)
+        after.setdefault(max(pos[p] for p in preds[s]), []).append(s)
     for producer, group in after.items():
         for j, s in enumerate(reversed(group)):
             place(s, producer + (j + 1) / (len(group) + 1))
     # a Load's users are compute ops or Stores, placed already: their keys stay as they are
     users_at = {ld: min(key(u) for u in graph.successors(ld)) for ld in loads}
-    start = _compute_starts(order, times, copies) if loads else None  # Stores only: not needed
+    # Stores only: not needed. A list: read one value at a time, bisected
+    start = _compute_starts(order, times, copies).tolist() if loads else []
     stream = math.inf  # when the copy of the Load placed last (the next one in time) starts
     for ld in sorted(loads, key=lambda n: (-users_at[n], -pos[n])):
         removed.add(pos[ld])
         at = users_at[ld]
-        floor = max(key(p) for p in graph.predecessors(ld))
-        user_starts = float(start[math.ceil(at)])
-        need = cost.op_time(graph, ld) + max(0.0, user_starts - stream)
+        floor = max(key(p) for p in preds[ld])
+        user_starts = start[math.ceil(at)]
+        need = float(times[ld]) + max(0.0, user_starts - stream)
         at = hidden_key(at, floor, need)
         prev = before(at)
-        stream = float(start[math.ceil(at)])
+        stream = start[math.ceil(at)]
         k = ((prev[0] if prev is not None else at - 1) + at) / 2
         if not (prev is None or prev[0] < k) or not k < at:  # keys ran out of float precision
             return time_swaps_by_moves(graph, order, cost)

@@ -92,6 +92,7 @@ from magis.backend.meta_check import MetaChecker  # noqa: E402
 from magis.capture import workload_step  # noqa: E402
 from magis.cost import get_cost_model  # noqa: E402
 from magis.ir import StorageMap  # noqa: E402
+from magis.ir.collectives import comm_nodes  # noqa: E402
 from magis.rules import RuleContext, candidates, fuzzed_rules  # noqa: E402
 from magis.rules.catalog import FIRST_FUZZ_ROUND  # noqa: E402
 from magis.schedule.random_graphs import random_topological_order  # noqa: E402
@@ -99,7 +100,7 @@ from magis.schedule.swaps import time_swaps  # noqa: E402
 from magis.search.reschedule import reschedule  # noqa: E402
 from magis.sim import derive_facts, node_scratch, node_times, tables, tensor_peak_bytes  # noqa: E402
 from magis.sim.simulator import two_stream_makespan  # noqa: E402
-from magis.sim.tables import _build  # noqa: E402
+from magis.sim.tables import _build, wait_predecessors  # noqa: E402
 
 # every rule the fuzzer drew from its first round (the catalog's, `fuzzed_rules`)
 RULES = fuzzed_rules(FIRST_FUZZ_ROUND)
@@ -116,6 +117,14 @@ def _same_tables(a, b) -> None:
     assert _pairs(a) == _pairs(b)
     assert (a.resident_bytes, a.resident_by_kind) == (b.resident_bytes, b.resident_by_kind)
     assert (a.copy_nodes, a.comm_nodes) == (b.copy_nodes, b.comm_nodes)
+
+
+def _waits_cover(derived, graph) -> None:
+    """A derived wait table holds every node a fresh one does, each with its predecessors
+    as the graph has them (extra nodes on the compute stream alone walk as a run would)."""
+    fresh = wait_predecessors(graph, graph.copy_nodes() | comm_nodes(graph))
+    assert set(fresh) <= set(derived)
+    assert all(set(derived[n]) == set(graph.predecessors(n)) for n in derived)
 
 
 def _same_sim(a, b) -> None:
@@ -164,6 +173,7 @@ def test_facts_derived_from_the_parent_equal_a_fresh_build(workload):
         derive_facts(parent, child, res.added, res.changed | restrided, res.removed, cost)
         fresh = child.copy()  # no derived facts: every one built from scratch
         _same_tables(tables(child), _build(child))
+        _waits_cover(tables(child).wait_preds, child)
         smap, full = child.storages(), StorageMap.build(fresh)
         assert smap.nbytes == full.nbytes and smap.base == full.base
         assert {s: set(r) for s, r in smap.readers.items()} == {
@@ -240,7 +250,11 @@ def test_two_stream_makespan_equals_the_node_by_node_walk():
         times = cost.node_times(child)
         orders = [time_swaps(child, reschedule(parent, order, res, cost), cost)]
         orders += [random_topological_order(child, rng) for _ in range(3)]
+        derive_facts(parent, child, res.added, res.changed, res.removed)
         for o in orders:
-            got = two_stream_makespan(child, np.asarray(o, dtype=np.int64), times, copies)
-            assert got == _makespan_node_by_node(child, o, times, copies)
+            ids = np.asarray(o, dtype=np.int64)
+            expected = _makespan_node_by_node(child, o, times, copies)
+            assert two_stream_makespan(child, ids, times, copies) == expected
+            derived_waits = tables(child).wait_preds  # the parent's, re-asked where it changed
+            assert two_stream_makespan(child, ids, times, copies, waits=derived_waits) == expected
     assert swapped >= 3
