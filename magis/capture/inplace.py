@@ -22,6 +22,7 @@ import operator
 
 import torch
 from torch import fx
+from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 _Overload = torch._ops.OpOverload
@@ -172,7 +173,7 @@ def _rewritten(
         if not _same_layout(val, n.meta.get("val")):
             new.meta.update(_fake_meta(val))
             relaid.add(new)
-    return fx.GraphModule(gm, graph)
+    return _make_graph_module(gm, graph)  # lazy where the caller asks (`trace.py`)
 
 
 def _defaults_the_twin_needs(
