@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from magis.bench.coverage_models import BATCH
+from magis.capture.source import parameter_site
 
 LATENT_SIDE, TEXT_TOKENS = 16, 8
 
@@ -110,8 +111,19 @@ def forward_inputs(model: torch.nn.Module, inputs: Inputs) -> dict[str, Any]:
         if value is not None:
             batch[p.name] = value
         elif required and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-            raise ValueError(f"no tiny input for {type(model).__name__}.forward's `{p.name}`")
+            raise ValueError(_unsized(model, p.name))
     return batch
+
+
+def _unsized(model: torch.nn.Module, name: str) -> str:
+    """The error for a required forward input that no rule sizes: the input, where the model
+    declares it, and where a rule for it goes."""
+    site = parameter_site(model.forward, name)
+    where = f" (declared at {site})" if site is not None else ""
+    return (
+        f"no tiny input for {type(model).__name__}.forward's `{name}`{where}: no rule of "
+        "magis/bench/coverage_diffusers_inputs.py sizes it; add one there"
+    )
 
 
 def takes_latent(model: torch.nn.Module) -> bool:

@@ -156,6 +156,23 @@ def calling_site(frame: FrameType | None) -> SourceLine | None:
     return None
 
 
+def parameter_site(fn: Callable, name: str) -> SourceLine | None:
+    """The line of `fn`'s source that declares its parameter `name` (the first line of its
+    signature that names it), or None where `fn` has no source."""
+    try:
+        lines, first = inspect.getsourcelines(inspect.unwrap(fn))
+        path = Path(inspect.getsourcefile(inspect.unwrap(fn)) or "")
+    except (OSError, TypeError):
+        return None
+    declared = re.compile(rf"(?:^|[\s(,*]){re.escape(name)}\s*(?:[:=,)]|$)")
+    for offset, line in enumerate(lines):
+        if declared.search(line.strip()):
+            return SourceLine(path.resolve(), first + offset, line.strip())
+        if line.rstrip().endswith(":") and offset and ")" in line:  # the signature ended
+            break
+    return None
+
+
 def failure_site(exc: BaseException) -> SourceLine | None:
     """The innermost frame outside torch, magis and the standard library in the tracebacks
     of `exc` and its causes: where the user's or the library's code failed."""

@@ -59,10 +59,13 @@ def test_img_shapes_nest_as_the_annotation_does():
     assert batch["img_shapes"] == [[(1, 8, 8)]] * 2
 
 
-def test_an_input_no_rule_sizes_is_named():
+def test_an_input_no_rule_sizes_is_named_with_its_declaring_line():
     # an image layout has no token grid to give: the packed one is tried next
-    with pytest.raises(ValueError, match="forward's `img_shapes`"):
+    with pytest.raises(ValueError, match="forward's `img_shapes`") as raised:
         forward_inputs(_Packed(), _inputs())
+    line = _Packed.forward.__code__.co_firstlineno + 3  # the signature's third parameter
+    assert f"test_coverage_diffusers_inputs.py:{line} `img_shapes: " in str(raised.value)
+    assert "coverage_diffusers_inputs.py sizes it; add one there" in str(raised.value)
 
 
 def test_stacked_text_layers_only_where_the_config_counts_them():

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from magis.capture import capture, training_step
-from magis.capture.source import display_path, failure_site
+from magis.capture.source import display_path, failure_site, parameter_site
 from magis.errors import CaptureError, TraceFailedError, ValueReadError
 
 
@@ -274,3 +274,21 @@ def test_an_installed_library_is_named_from_its_package_even_inside_the_working_
     installed = tmp_path / ".venv/lib/python3.11/site-packages/transformers/models/x.py"
     assert display_path(installed) == "transformers/models/x.py"
     assert display_path(tmp_path / "train.py") == "train.py"
+
+
+def test_a_parameter_is_found_on_the_line_that_declares_it():
+    def forward(
+        self,
+        hidden_states,
+        x: list[int],
+        *,
+        image_rotary_emb=None,
+    ):
+        x = hidden_states  # a later use of the name is not its declaration
+        return x
+
+    first = forward.__code__.co_firstlineno
+    assert parameter_site(forward, "x").lineno == first + 3
+    assert parameter_site(forward, "x").code == "x: list[int],"
+    assert parameter_site(forward, "image_rotary_emb").lineno == first + 5
+    assert parameter_site(forward, "missing") is None
