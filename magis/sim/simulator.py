@@ -340,7 +340,7 @@ def two_stream_makespan(
     between those events are running sums (`accumulate`: the same additions in the same order
     as a node-by-node walk) and only the events are walked one by one, on Python floats (a
     numpy call per event cost more than the event: 14,000 copies among 140,000 nodes took
-    0.17 s a simulation, 0.03 s so). `waits`: each event node's predecessors
+    0.17 s a simulation, 0.05 s so). `waits`: each event node's predecessors
     (`Tables.wait_preds`, which may hold more nodes than read a copy), else asked of the
     graph."""
     n = len(ids)
