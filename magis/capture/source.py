@@ -159,9 +159,10 @@ def calling_site(frame: FrameType | None) -> SourceLine | None:
 def parameter_site(fn: Callable, name: str) -> SourceLine | None:
     """The line of `fn`'s source that declares its parameter `name` (the first line of its
     signature that names it), or None where `fn` has no source."""
+    fn = inspect.unwrap(fn)
     try:
-        lines, first = inspect.getsourcelines(inspect.unwrap(fn))
-        path = Path(inspect.getsourcefile(inspect.unwrap(fn)) or "")
+        lines, first = inspect.getsourcelines(fn)
+        path = Path(inspect.getsourcefile(fn) or "")
     except (OSError, TypeError):
         return None
     declared = re.compile(rf"(?:^|[\s(,*]){re.escape(name)}\s*(?:[:=,)]|$)")

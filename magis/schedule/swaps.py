@@ -56,7 +56,7 @@ def time_swaps(
     if any(p in copies and graph.node(p).op == STORE_OP for s in stores for p in preds[s]):
         return time_swaps_by_moves(graph, order, cost)
     times = node_times(graph, cost)
-    return _placed_by_keys(graph, order, stores, loads, times, cost, pos, copies)
+    return _placed_by_keys(graph, order, stores, loads, times, cost, pos, copies, preds)
 
 
 # A given `pos` (the rescheduler's ranks of an order made by insertions) costs about this many
@@ -84,6 +84,7 @@ def _placed_by_keys(
     cost: CostModel,
     pos: Mapping[int, int] | None = None,
     copies: frozenset[int] = frozenset(),
+    preds: Mapping[int, tuple[int, ...]] | None = None,
 ) -> list[int]:
     """The Stores, then each Load (latest user first), taken out and put back as
     `time_swaps_by_moves` does, on position keys: a node of `order` keeps its index, a placed
@@ -141,7 +142,7 @@ def _placed_by_keys(
 
     # No Store depends on a Store, so each Store's latest predecessor is where it was in
     # `order`; the Stores after one producer run latest-moved first (each went right after it).
-    preds = tables(graph).wait_preds  # every copy's predecessors
+    preds = tables(graph).wait_preds if preds is None else preds  # every copy's predecessors
     after: dict[int, list[int]] = {}
     for s in stores:
         removed.add(pos[s])
