@@ -42,6 +42,8 @@ from magis.analyze.dgraph import dgraph, node_dims
 from magis.analyze.dominators import VIRTUAL, DomTree, dominator_tree
 from magis.analyze.ftrans import (
     FTrans,
+    FTransInfo,
+    OutputKind,
     Rejected,
     check,
     split_of_component,
@@ -266,6 +268,7 @@ def _candidates(
                 if isinstance(info, Rejected):
                     rejected.append((_name(graph, dom), info.reason))
                     continue
+                info = grown_over_boundary(graph, info, c, n)
                 out.append(
                     FTreeNode(
                         info.ftrans,
@@ -314,6 +317,95 @@ def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found, fixed) -> 
             out.append(FTreeNode(info.ftrans, info.length, None, c, label, VIRTUAL, level,
                                  score, heat))  # fmt: skip
     return out
+
+
+GROWTH_ROUNDS = 4  # the boundary tensors a region may absorb, one per round
+GROWTH_TRIES = 3  # the largest boundary tensors tried in each round
+
+
+def grown_over_boundary(graph: Graph, info: FTransInfo, c: int, n: int) -> FTransInfo:
+    """Our extension to Alg. 1: S grown over the largest tensors of its boundary while that
+    makes the boundary smaller.
+
+    S = T.des(v_dom) \\ {v_dom} leaves v_dom's output, sliced, as S's input, and a consumer
+    outside S that reads an output along a reduce axis of its own call (a weight gradient's
+    `mm` summing over the tokens) takes that output concatenated. Both are whole tensors at the
+    region's border, and in a language model's loss block they are the largest of the step:
+    the logits, made by the head's `mm` (v_dom), and their gradient, read by the head's weight
+    gradient, each [tokens x vocabulary] — splitting the 17 ops between them keeps both whole.
+    Taking in v_dom (its input, the hidden states, is a sliced [tokens x width]) and the
+    weight-gradient `mm` (its output, summed over the parts, is [vocabulary x width]) leaves
+    no whole vocabulary-wide tensor: the chunked cross-entropy of fused kernels, found as a
+    region. A producer of an input, or the readers of an output, join S when the F-Trans stays
+    valid (`check`) and the bytes at S's border (`boundary_bytes`) drop."""
+    smap = graph.storages()
+    for _ in range(GROWTH_ROUNDS):
+        now = boundary_bytes(graph, info, smap)
+        for extra in _growths(graph, info, c, smap)[:GROWTH_TRIES]:
+            got = _checked(graph, sorted(info.ftrans.nodes | extra), c, n)
+            if not isinstance(got, Rejected) and boundary_bytes(graph, got, smap) < now:
+                info = got
+                break
+        else:
+            return info
+    return info
+
+
+def boundary_bytes(graph: Graph, info: FTransInfo, smap) -> int:
+    """The storages at S's border that exist whole: the inputs it reads that are not resident
+    (sliced or shared) and the outputs it merges (concatenated or summed), each counted once."""
+    border = {smap.storage_of(r) for r in (*info.inputs, *info.outputs)}
+    return sum(smap.nbytes[s] for s in border if s not in smap.resident)
+
+
+def _growths(graph: Graph, info: FTransInfo, c: int, smap) -> list[frozenset[int]]:
+    """The node sets S may take in, largest border tensor first: the producer of a
+    non-resident input; all readers outside S of a concatenated output. Only sets whose
+    nodes run along the component and that promise a smaller border (`_border_change`) are
+    offered: most producers read inputs as large as what they make (an elementwise chain),
+    and `check` is the analysis's most expensive step."""
+    inside = info.ftrans.nodes
+    options: list[tuple[int, frozenset[int]]] = []
+    for ref in info.inputs:
+        s = smap.storage_of(ref)
+        if s not in smap.resident and not graph.node(ref.node).is_placeholder:
+            options.append((smap.nbytes[s], frozenset({ref.node})))
+    for ref, merge in info.outputs.items():
+        if merge.kind is OutputKind.CONCAT:
+            readers = frozenset(
+                u for u in graph.users(ref.node) if u not in inside and ref in graph.node(u).inputs
+            )
+            if readers:
+                options.append((smap.nbytes[smap.storage_of(ref)], readers))
+    return [
+        nodes
+        for size, nodes in sorted(options, key=lambda o: -o[0])
+        if _along(graph, nodes, c) and _border_change(graph, inside | nodes, nodes, smap) < size
+    ]
+
+
+def _along(graph: Graph, nodes: frozenset[int], c: int) -> bool:
+    """Every node has exactly one axis in component c (`split_of_component`'s condition)."""
+    dg, dims = dgraph(graph), node_dims(graph)
+    for v in nodes:
+        d = dims.get(v)
+        if d is None or sum(dg.component_of(v, a) == c for a in d.splittable) != 1:
+            return False
+    return True
+
+
+def _border_change(graph: Graph, grown: frozenset[int], nodes: frozenset[int], smap) -> int:
+    """The bytes `nodes` bring to the border of S = `grown` (an upper bound of what taking
+    them in adds): their non-resident inputs from outside it and their outputs read outside
+    it."""
+    border = {smap.storage_of(r) for v in nodes for r in graph.node(v).inputs}
+    border = {s for s in border if s.node not in grown and s not in smap.resident}
+    outs = {
+        r for v in nodes for u in graph.users(v) if u not in grown for r in graph.node(u).inputs
+    }
+    outs.update(graph.outputs)
+    border |= {smap.storage_of(r) for r in outs if r.node in nodes}
+    return sum(smap.nbytes[s] for s in border)
 
 
 def _piece_score(graph: Graph, members: list[int], hot, n: int) -> tuple[float, float]:

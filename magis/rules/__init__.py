@@ -43,7 +43,9 @@ from magis.rules.ftree_moves import (
     direct_fission_numbers,
     directly_enableable,
     enable_directly,
+    enclosing_enableable,
     mutations,
+    nested_enableable,
 )
 from magis.rules.mincut_remat import MINCUT_REMAT
 from magis.rules.offload import OFFLOAD_STATE, RESTORE_STATE
@@ -89,6 +91,8 @@ __all__ = [
     "directly_enableable",
     "direct_fission_numbers",
     "enable_directly",
+    "enclosing_enableable",
+    "nested_enableable",
     "group_rule",
     "materialize",
     "mutations",

@@ -28,8 +28,10 @@ from magis.rules import (
     direct_fission_numbers,
     directly_enableable,
     enable_directly,
+    enclosing_enableable,
     materialize,
     mutations,
+    nested_enableable,
     prepare,
 )
 
@@ -254,9 +256,12 @@ def _direct_moves(tree) -> Iterator[Mutation]:
 
     Second, right after the highest-score node, comes the densest (`_densest`): the node that
     saves the most per op it splits, leaf or not."""
-    nodes = sorted(directly_enableable(tree), key=lambda i: -tree.nodes[i].score)
+    nodes = sorted(
+        [*directly_enableable(tree), *enclosing_enableable(tree)],
+        key=lambda i: -tree.nodes[i].score,
+    )
     inner = [i for i in nodes[:DIRECT_MOVES] if tree.children(i)]  # a leaf: the plain enable
-    dense = [i for i in _densest(tree, nodes) if i not in inner]
+    dense = [i for i in _densest(tree, [*nodes, *nested_enableable(tree)]) if i not in inner]
     for i in [*inner[:1], *dense, *inner[1:]]:
         kind = "enable-dense" if i in dense else "enable-direct"
         for n in reversed(direct_fission_numbers(tree, i, DIRECT_FISSION_NUMBERS)):

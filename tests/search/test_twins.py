@@ -106,8 +106,10 @@ def test_the_equal_peaks_of_repeated_layers_are_split_together():
     """A GCN's message passings (3 forward, 3 backward, each a gather, a product and a
     scatter-add over the edges) reach one peak each; the initial analysis takes the hot-spots
     within `INITIAL_NEAR_PEAK` of the peak, and the twin groups that promise one saving
-    (forward: 3 ops, backward: 4) are offered as one move (`_peers`). Every other move leaves
-    the peak where it was; that one lowers it, and the split program runs as eager PyTorch."""
+    (forward: 3 ops, backward: 4) are offered as one move (`_peers`). That move lowers the
+    peak the most (a one-step enable splits one message passing and leaves the others at the
+    peak; the level-wide enable, its regions grown over their border, reaches 0.58), and the
+    split program runs as eager PyTorch."""
     from magis.capture.models.gcn import GCN, GCNConfig, gcn_batch
 
     torch.manual_seed(0)
@@ -127,5 +129,6 @@ def test_the_equal_peaks_of_repeated_layers_are_split_together():
             v = verify(step, compile_program(split.graph, split.order), step.make_inputs())
             assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
     others = [p for kind, ps in peaks.items() if kind != "enable-peers" for p in ps]
-    assert others and min(others) == start, peaks
+    assert others and min(peaks["enable-peers"]) < min(others), peaks
+    assert max(peaks["enable-direct"]) > 0.99 * start, peaks
     assert max(peaks["enable-peers"]) < 0.6 * start, peaks

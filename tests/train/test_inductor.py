@@ -47,18 +47,18 @@ def fixed_points(step) -> int:
     return recomputed + copies
 
 
-def train_inductor(model, batch, loss_fn, mem_limit: float):
+def train_inductor(model, batch, loss_fn, **limit: float):
     def make(m, opt):
-        return compile(
-            m, opt, batch, loss_fn=loss_fn, mem_limit=mem_limit, compiler="inductor", **STATE_SEARCH
-        )
+        return compile(m, opt, batch, loss_fn=loss_fn, compiler="inductor", **limit, **STATE_SEARCH)
 
     return train_adamw(model, batch, loss_fn, make)
 
 
 def test_an_mlp_trains_as_eager_through_inductor(float64):
     model, batch = mlp()
-    loss_err, (err, where), step = train_inductor(model, batch, mlp_loss, 0.6)
+    # latency 1.10: a plan of recomputations and Store/Load (13 on this MLP); under a memory
+    # limit the 20 states end at the whole step split in 8, which recomputes nothing
+    loss_err, (err, where), step = train_inductor(model, batch, mlp_loss, lat_limit=1.1)
     assert fixed_points(step) >= 1, "the plan holds no recomputation or Store/Load"
     assert step.program.segments and all(s.compiled is not None for s in step.program.segments)
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
@@ -73,7 +73,7 @@ def test_a_zoo_workload_trains_as_eager_through_inductor(float64):
     def loss_fn(m, *xs):
         return wl.loss_fn(m(xs[0]), *xs)
 
-    loss_err, (err, where), step = train_inductor(model, batch, loss_fn, 0.4)
+    loss_err, (err, where), step = train_inductor(model, batch, loss_fn, mem_limit=0.4)
     assert fixed_points(step) >= 1, "the plan holds no recomputation or Store/Load"
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
 
@@ -101,7 +101,7 @@ def test_a_plan_view_of_a_decomposed_cat_keeps_eager_layout(float64):
     def loss_fn(m, x):
         return m(x).square().mean()
 
-    loss_err, (err, where), _ = train_inductor(model, batch, loss_fn, 1.0)
+    loss_err, (err, where), _ = train_inductor(model, batch, loss_fn, mem_limit=1.0)
     assert loss_err <= TOL and err <= TOL, (loss_err, err, where)
 
 
@@ -129,7 +129,7 @@ def test_no_segment_holds_a_recomputation_with_its_original(float64):
     model, batch = mlp()
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     step = compile(
-        model, opt, batch, loss_fn=mlp_loss, mem_limit=0.5, compiler="inductor", **STATE_SEARCH
+        model, opt, batch, loss_fn=mlp_loss, lat_limit=1.1, compiler="inductor", **STATE_SEARCH
     )
     graph, order = step.plan.graph, step.plan.order
     keys = fx_export.value_numbers(graph, order)
