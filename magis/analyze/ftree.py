@@ -27,7 +27,10 @@ Decisions, in bytes throughout:
 - a candidate is kept when valid and the score's n divides its length: Eq. 4 estimates the
   reduction for that n, and the mutation rules start from it (ViT's 197 tokens are prime);
 - the F-Tree lists the candidates of every component, each node with its score and level (the
-  interval index i), all with n = 1 (disabled).
+  interval index i), all with n = 1 (disabled);
+- each candidate is grown over its border while that shrinks the whole tensors at it
+  (`grown_over_boundary`, our extension): a loss block takes in the LM head's `mm` and its
+  weight gradient, so that no [tokens x vocabulary] tensor is made whole.
 """
 
 from __future__ import annotations

@@ -255,7 +255,10 @@ def _direct_moves(tree) -> Iterator[Mutation]:
     and lift moves, each a materialization of seconds, outlasted a 180 s budget.
 
     Second, right after the highest-score node, comes the densest (`_densest`): the node that
-    saves the most per op it splits, leaf or not."""
+    saves the most per op it splits, leaf or not. Splits nest both ways in one move: a node
+    holding an enabled one is offered among the highest-score nodes
+    (`enclosing_enableable`), a node inside an enabled one among the densest
+    (`nested_enableable`)."""
     nodes = sorted(
         [*directly_enableable(tree), *enclosing_enableable(tree)],
         key=lambda i: -tree.nodes[i].score,
