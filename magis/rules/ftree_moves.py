@@ -135,16 +135,33 @@ def _apply_coarsen(tree: FTree, i: int) -> FTree:
     return tree.with_n(i, _coarser(tree, i))
 
 
-def directly_enableable(tree: FTree) -> Iterator[int]:
-    """Disabled nodes with nothing enabled above or below them: what enabling a leaf of their
-    subtree and lifting it up to them (Fig. 7 (a), then (b) repeatedly) reaches."""
+def _enabled_around(tree: FTree) -> tuple[list[bool], list[bool]]:
+    """For every node: whether an ancestor is enabled, and whether a descendant is (one walk
+    up the tree from each node; the move lists below ask both of every node, per state)."""
+    above = [_has_enabled_ancestor(tree, i) for i in range(len(tree))]
+    below = [False] * len(tree)
     for i, node in enumerate(tree.nodes):
-        if node.enabled or _has_enabled_ancestor(tree, i):
-            continue
-        if any(tree.nodes[d].enabled for d in tree.descendants(i)):
+        if node.enabled:
+            for a in tree.ancestors(i):
+                below[a] = True
+    return above, below
+
+
+def _enableable(tree: FTree, under_split: bool) -> Iterator[int]:
+    """Disabled nodes with nothing enabled below them, inside an enabled ancestor or not
+    (`under_split`), whose length the ancestors' splits leave divisible."""
+    above, below = _enabled_around(tree)
+    for i, node in enumerate(tree.nodes):
+        if node.enabled or below[i] or above[i] != under_split:
             continue
         if _smallest_divisor(_effective_length(tree, i)):
             yield i
+
+
+def directly_enableable(tree: FTree) -> Iterator[int]:
+    """Disabled nodes with nothing enabled above or below them: what enabling a leaf of their
+    subtree and lifting it up to them (Fig. 7 (a), then (b) repeatedly) reaches."""
+    return _enableable(tree, under_split=False)
 
 
 def nested_enableable(tree: FTree) -> Iterator[int]:
@@ -154,13 +171,7 @@ def nested_enableable(tree: FTree) -> Iterator[int]:
     enabled node enabled); a search that first split the whole step along the batch could
     never split its loss block within the parts (Qwen2 under 1.10 on an RTX 3090: the whole
     step in 2 holds 0.533 of the peak, with the loss block in 4 inside each part 0.415)."""
-    for i, node in enumerate(tree.nodes):
-        if node.enabled or not _has_enabled_ancestor(tree, i):
-            continue
-        if any(tree.nodes[d].enabled for d in tree.descendants(i)):
-            continue
-        if _smallest_divisor(_effective_length(tree, i)):
-            yield i
+    return _enableable(tree, under_split=True)
 
 
 def enclosing_enableable(tree: FTree) -> Iterator[int]:
@@ -170,12 +181,9 @@ def enclosing_enableable(tree: FTree) -> Iterator[int]:
     loss block (the densest move) could then no longer split the whole step along the batch
     in one move, and under memory 0.4 held the attention probabilities whole (1.068 of the
     latency in 60 s, where the whole step split first gave 1.040)."""
+    above, below = _enabled_around(tree)
     for i, node in enumerate(tree.nodes):
-        if node.enabled or _has_enabled_ancestor(tree, i):
-            continue
-        if _smallest_divisor(node.length) and any(
-            tree.nodes[d].enabled for d in tree.descendants(i)
-        ):
+        if not node.enabled and not above[i] and below[i] and _smallest_divisor(node.length):
             yield i
 
 
