@@ -1,7 +1,8 @@
 """Capture a function or a whole training step as a magis `Graph`, allocating nothing.
 
-The step is traced with make_fx under a FakeTensorMode (tensors carry shapes and dtypes, no data:
-a 3B-parameter model traces on a laptop), then its in-place ops are made out of place
+The step is traced under a FakeTensorMode (tensors carry shapes and dtypes, no data: a
+3B-parameter model traces on a laptop) by `recorder.first_trace` (make_fx's graph from one
+dispatch mode; make_fx itself where that declines), then its in-place ops are made out of place
 (`inplace.functionalized`, or a second trace through `functionalize` where that pass declines).
 Input mutations come back as in-place writes into the placeholders (see `fx_import`), so a
 parameter updated by the optimizer counts once, as it does in eager PyTorch.
@@ -32,6 +33,7 @@ from magis.capture.fx_import import (
 )
 from magis.capture.inplace import functionalized
 from magis.capture.kernels import capture_kernels
+from magis.capture.recorder import first_trace
 from magis.capture.reseed import refuse_reseeding
 from magis.capture.sharding import ShardLayout, unsharded
 from magis.capture.source import capture_failure, fake_kernel_failures_kept
@@ -116,7 +118,8 @@ def _trace_functional(
     root: torch.nn.Module | None = None,
     real_args: Callable[[], list] | None = None,
 ) -> torch.fx.GraphModule:
-    """make_fx, then its in-place ops made out of place (autograd already ran in the trace).
+    """The first trace (`first_trace`), then its in-place ops made out of place (autograd already
+    ran in the trace).
 
     With `root`, the module `fn` calls, each forward node records the stack of `root`'s
     submodules it ran in (make_fx's `record_module_stack`, which finds the modules through
@@ -173,10 +176,7 @@ def _trace_once_or_twice(
     patched = mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True)
     with patched, _use_lazy_graph_module(True):
         with reads(), refuse_reseeding():
-            if root is None:
-                gm = make_fx(fn, **specialized)(*args)
-            else:
-                gm = make_fx(_rooted(fn, root), record_module_stack=True, **specialized)(*args)
+            gm = first_trace(fn, args, root, specialized)
         # a real trace's metas come from many fake modes: the one-pass rewrite cannot run them
         fast = functionalized(gm) if real_args is None else None
         if fast is not None:
@@ -190,16 +190,6 @@ def _trace_once_or_twice(
             with fx_traceback.preserve_node_meta():
                 run = torch.fx.Interpreter(gm).run
                 return make_fx(functionalize(run, remove="mutations"), **specialized)(*detached)
-
-
-def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
-    """`fn` marked as calling `root` (where make_fx looks for the module tree)."""
-
-    def traced(*args):
-        return fn(*args)
-
-    traced._orig_mod = root
-    return traced
 
 
 def _fake_mode(tensors: Sequence = ()) -> FakeTensorMode:
