@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensor,
     FakeTensorMode,
 )
+from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental.proxy_tensor import disable_autocast_cache, make_fx
 from torch.utils._python_dispatch import TorchDispatchMode, autograd_would_have_decomposed
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -131,7 +132,8 @@ class _Recorder(TorchDispatchMode):
 
     def module(self, out: object) -> fx.GraphModule:
         self.graph.output(self._arg(out))
-        return fx.GraphModule(self.attrs, self.graph)
+        # lazy where the caller asks for it: the Python code of a 100,000-node graph is seconds
+        return _make_graph_module(self.attrs, self.graph)
 
     # -- the module stack ------------------------------------------------------------------
 

@@ -273,7 +273,8 @@ def _job_table(workload: str, job, setup, plan: Plan) -> list[dict]:
     from magis.commands.parallel import job_baselines, rank_figures
 
     with spinner("simulating the job's baselines"):
-        rows = job_baselines(workload, job, setup.step_kind, setup.cost, setup.step.graph)
+        graph, ac = setup.step.graph, setup.checkpointed
+        rows = job_baselines(workload, job, setup.step_kind, setup.cost, graph, ac)
     rows.append(rank_figures("magis plan", plan.graph, plan.order, setup.cost))
     title = f"one rank of {job.kind.upper()} x {job.world_size} ({setup.cost.name})"
     console.print(rank_table(title, rows))

@@ -24,6 +24,7 @@ from magis.commands.limits import (
     parse_memory_figure,
     read_search_limit,
 )
+from magis.commands.parallel import checkpointed_graph, job_warm_starts
 from magis.commands.shared import (
     Progress,
     cost_model,
@@ -69,6 +70,8 @@ class SearchSetup:
     objective: Objective
     workload: str | None = None
     step_kind: StepKind = DEFAULT_STEP  # what `workload` was captured as
+    # a data-parallel job's FSDP2 + full AC step (`magis.commands.parallel`): a warm start
+    checkpointed: Graph | None = None
 
     def memory_ratio(self, memory: int) -> float:
         return memory / self.base.peak_bytes
@@ -168,7 +171,9 @@ def prepare_workload_search(
         cost = cost.with_interconnect(Interconnect(get_link(link), job.world_size))
     progress("capturing")
     _, captured = workload_step(workload, step=kind, float64_when_tiny=True, job=job)
-    return replace(_setup(captured, limit, cost, figure, workload, progress), step_kind=kind)
+    checkpointed = None if job is None else checkpointed_graph(workload, job, kind)
+    setup = _setup(captured, limit, cost, figure, workload, progress)
+    return replace(setup, step_kind=kind, checkpointed=checkpointed)
 
 
 def find_plan(
@@ -218,6 +223,8 @@ def find_plan(
             if started is not None:  # from here on, optimize_graph stops them
                 started.close()
             raise
+        if warm_start:  # the job's own alternative first: the plan the user would otherwise run
+            warm = [*job_warm_starts(setup.step.graph, setup.checkpointed), *warm]
         warm = [w for w in warm if _within_rules(w.graph, options.rules)]
         # the search keeps its share even when a peer overran the warm start's
         left = max(

@@ -26,6 +26,7 @@ from magis.capture import StepKind, workload_step
 from magis.capture.sharding import PlannedJob
 from magis.cost import CostModel
 from magis.ir import Graph
+from magis.search import WarmStart
 from magis.sim import SimResult, simulate
 
 
@@ -59,16 +60,48 @@ def rank_figures(name: str, graph: Graph, order: Sequence[int], cost: CostModel)
     return RankFigures.of(name, simulate(graph, order, cost))
 
 
+CHECKPOINTED = "FSDP2 + full AC"
+CHECKPOINTED_WARM_START = "fsdp2-full-ac"
+
+
+def checkpointed_graph(workload: str, job: PlannedJob, step: StepKind) -> Graph | None:
+    """The same job's step with every block's forward checkpointed (FSDP2 + full AC), or None
+    for DDP, whose baseline is its step alone."""
+    if job.kind != "fsdp":
+        return None
+    checkpointed = replace(job, checkpoint_blocks=True)
+    _, ac = workload_step(workload, step=step, float64_when_tiny=True, job=checkpointed)
+    return ac.graph
+
+
+def job_warm_starts(graph: Graph, checkpointed: Graph | None) -> list[WarmStart]:
+    """FSDP2 + full AC's program as a starting state of the search: the plan a user of FSDP
+    would run instead, so the search starts at its point and improves from there, as from any
+    peer's (`magis.commands.warm_start`). Not where its recomputation draws random numbers the
+    step does not: torch.utils.checkpoint replays dropout's masks from a saved RNG state, a
+    graph draws them again."""
+    if checkpointed is None or _draws(checkpointed) != _draws(graph):
+        return []
+    return [WarmStart(CHECKPOINTED_WARM_START, checkpointed, checkpointed.program_order())]
+
+
+def _draws(graph: Graph) -> int:
+    return sum(1 for n in graph.nodes if graph.info(n).is_random)
+
+
 def job_baselines(
-    workload: str, job: PlannedJob, step: StepKind, cost: CostModel, graph: Graph
+    workload: str,
+    job: PlannedJob,
+    step: StepKind,
+    cost: CostModel,
+    graph: Graph,
+    checkpointed: Graph | None = None,
 ) -> list[RankFigures]:
     """What each rank runs without magis (module docstring): `graph` is the job's captured
-    step; FSDP's checkpointed variant is captured here."""
+    step; FSDP's checkpointed variant is `checkpointed`, captured here when not given."""
     name = "FSDP2" if job.kind == "fsdp" else "DDP"
     rows = [rank_figures(name, graph, graph.program_order(), cost)]
     if job.kind == "fsdp":
-        checkpointed = replace(job, checkpoint_blocks=True)
-        _, ac = workload_step(workload, step=step, float64_when_tiny=True, job=checkpointed)
-        g = ac.graph
-        rows.append(rank_figures("FSDP2 + full AC", g, g.program_order(), cost))
+        g = checkpointed if checkpointed is not None else checkpointed_graph(workload, job, step)
+        rows.append(rank_figures(CHECKPOINTED, g, g.program_order(), cost))
     return rows

@@ -88,3 +88,31 @@ def test_the_search_starts_from_fsdp2s_order_where_it_dominates_the_dp_order():
     )  # gathered weights live shorter
     assert simulate(graph, leaner, cost).peak_bytes < program.peak_bytes
     assert list(starting_order(graph, cost, leaner, theoretical)) == leaner
+
+
+def test_an_fsdp_search_starts_from_full_checkpointing_and_is_never_behind_it():
+    """Issue 44: under FSDP2 + full AC's own peak, the search starts from that program (a peer
+    the user would otherwise run) and ends at or below its step time; a checkpointed program
+    that draws random numbers the step does not is no start (its masks would differ)."""
+    from magis.commands.limits import read_search_limit
+    from magis.commands.optimize import find_plan, prepare_workload_search
+    from magis.commands.parallel import CHECKPOINTED_WARM_START, job_warm_starts
+    from magis.search.options import SearchOptions
+    from magis.sim import simulate
+
+    job = PlannedJob("fsdp", 8)
+    probe = prepare_workload_search(
+        "corpus:llama:tiny", read_search_limit(None, "1.5"), hardware="h100", job=job
+    )
+    ac = probe.checkpointed
+    ac_sim = simulate(ac, ac.program_order(), probe.cost)
+    limit = read_search_limit(f"{ac_sim.peak_bytes}B", None)
+    setup = prepare_workload_search("corpus:llama:tiny", limit, hardware="h100", job=job)
+    plan = find_plan(setup, SearchOptions(max_states=12))
+    assert plan.summary.satisfied
+    assert plan.summary.latency_s <= ac_sim.latency_s
+    assert plan.summary.peak_bytes <= ac_sim.peak_bytes
+    starts = job_warm_starts(setup.step.graph, ac)
+    assert [w.name for w in starts] == [CHECKPOINTED_WARM_START]
+    _, dropout = workload_step("bert-base:tiny")  # its dropout draws: more than llama's none
+    assert job_warm_starts(setup.step.graph, dropout.graph) == []
