@@ -121,3 +121,17 @@ def test_tensor_subclass_is_left_to_make_fx():
         tagged = Tagged(torch.randn(2, 2))
         with pytest.raises(NotRecorded, match="subclass"):
             record(lambda *a: (a[0] + tagged,), [x])
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "ddp"])
+def test_recorder_gives_make_fxs_graph_with_collectives(monkeypatch, kind):
+    """One rank of a data-parallel job: functional collectives (all-gather, reduce-scatter,
+    all-reduce and their waits) are recorded as make_fx records them."""
+    from magis.capture.sharding import PlannedJob
+
+    used = _recorded_or_traced(monkeypatch)
+    _, recorded = workload_step("corpus:llama:tiny", job=PlannedJob(kind, 4))
+    assert used == ["recorder"]
+    monkeypatch.setattr(recorder, "record", _refuse)
+    _, traced = workload_step("corpus:llama:tiny", job=PlannedJob(kind, 4))
+    assert _document(recorded) == _document(traced)
