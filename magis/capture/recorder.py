@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import fx
-from torch._subclasses.fake_impls import fast_detach
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -43,10 +42,16 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental.proxy_tensor import disable_autocast_cache, make_fx
-from torch.utils._python_dispatch import TorchDispatchMode, autograd_would_have_decomposed
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from magis.errors import MagisError
+
+try:  # torch internals that make_fx's own choices live in (torch 2.13; the GPU machine's 2.11)
+    from torch._subclasses.fake_impls import fast_detach
+    from torch.utils._python_dispatch import autograd_would_have_decomposed
+except ImportError:  # a torch without them: make_fx traces (`record` declines)
+    fast_detach = autograd_would_have_decomposed = None
 
 _aten = torch.ops.aten
 _prim_device = torch.ops.prim.device.default  # a query, not an op (make_fx records none)
@@ -90,6 +95,8 @@ class NotRecorded(Exception):
 def record(fn: Callable, args: Sequence, root: torch.nn.Module | None = None) -> fx.GraphModule:
     """The graph of `fn(*args)` (fake tensors in, a tuple out) as make_fx would trace it, with
     `nn_module_stack` on the nodes that ran inside `root`'s submodules."""
+    if fast_detach is None or autograd_would_have_decomposed is None:
+        raise NotRecorded(f"torch {torch.__version__} lacks what the recorder follows make_fx by")
     recorder = _Recorder(root)
     try:
         with disable_autocast_cache(), recorder.module_hooks(), recorder:
