@@ -19,7 +19,8 @@ of constants are not recorded, and the autocast cache is off. Node names are mak
 
 Whatever it does not cover (a tensor subclass such as DTensor or an async collective, a
 higher-order op, or any failure other than a fake kernel's data-dependent one) raises
-`NotRecorded`, and `first_trace` traces with make_fx instead.
+`NotRecorded`, and `first_trace` traces with make_fx instead; so does any torch but the one
+the recorder was checked against (`FOLLOWS_TORCH`: the GPU machine's 2.11 traces with make_fx).
 
 Measured (this machine, `examples/mamba_scan.py:factory`, 99,900 nodes, capture from the model
 file to the graph): 86 s with make_fx, 45 s with the recorder; the graph documents of all 36
@@ -50,7 +51,7 @@ from magis.errors import MagisError
 try:  # torch internals that make_fx's own choices live in (torch 2.13; the GPU machine's 2.11)
     from torch._subclasses.fake_impls import fast_detach
     from torch.utils._python_dispatch import autograd_would_have_decomposed
-except ImportError:  # a torch without them: make_fx traces (`record` declines)
+except ImportError:  # another torch: make_fx traces (`record` declines)
     fast_detach = autograd_would_have_decomposed = None
 
 _aten = torch.ops.aten
@@ -88,6 +89,11 @@ def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
     return traced
 
 
+# The torch whose make_fx the recorder was checked against node for node (the graph documents
+# of every zoo and corpus step); under another, make_fx traces: its choices may have moved.
+FOLLOWS_TORCH = "2.13."
+
+
 class NotRecorded(Exception):
     """The step uses something `record` does not cover: trace it with make_fx."""
 
@@ -95,8 +101,8 @@ class NotRecorded(Exception):
 def record(fn: Callable, args: Sequence, root: torch.nn.Module | None = None) -> fx.GraphModule:
     """The graph of `fn(*args)` (fake tensors in, a tuple out) as make_fx would trace it, with
     `nn_module_stack` on the nodes that ran inside `root`'s submodules."""
-    if fast_detach is None or autograd_would_have_decomposed is None:
-        raise NotRecorded(f"torch {torch.__version__} lacks what the recorder follows make_fx by")
+    if not torch.__version__.startswith(FOLLOWS_TORCH) or fast_detach is None:
+        raise NotRecorded(f"the recorder follows make_fx of torch {FOLLOWS_TORCH}")
     recorder = _Recorder(root)
     try:
         with disable_autocast_cache(), recorder.module_hooks(), recorder:
