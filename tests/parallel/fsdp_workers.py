@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ranks import STEPS, batch, error_line, init_gloo, loss_fn
+from ranks import STEPS, batch, error_line, init_gloo, leave_group, loss_fn
 from torch import nn
 
 
@@ -133,7 +133,7 @@ def train_equal(
     if rank == 0 and plan is None:
         step.plan.save(Path(out) / "plan.json")
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    leave_group()
 
 
 def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> None:
@@ -160,7 +160,7 @@ def compile_error(rank: int, world: int, store: str, out: str, plan: str) -> Non
     )
     restored = [p.shape for p in model.parameters()] == shapes
     Path(out, f"rank{rank}.txt").write_text(f"{restored}|{line}")
-    dist.destroy_process_group()
+    leave_group()
 
 
 def refusals(rank: int, world: int, store: str, out: str) -> None:
@@ -191,4 +191,4 @@ def refusals(rank: int, world: int, store: str, out: str) -> None:
     scaled.scale = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
     lines.append(attempt(scaled, torch.optim.AdamW(scaled.parameters())))
     Path(out, "refused.txt").write_text("\n".join(lines))
-    dist.destroy_process_group()
+    leave_group()
