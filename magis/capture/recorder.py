@@ -90,7 +90,8 @@ def _rooted(fn: Callable, root: torch.nn.Module) -> Callable:
 
 
 # The torch whose make_fx the recorder was checked against node for node (the graph documents
-# of every zoo and corpus step); under another, make_fx traces: its choices may have moved.
+# of every zoo and corpus step: `scripts/recorder-parity`, to re-run before moving this);
+# under another, make_fx traces: its choices may have moved.
 FOLLOWS_TORCH = "2.13."
 
 
