@@ -174,8 +174,9 @@ class _Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         if any(t not in _PLAIN for t in types):
             raise NotRecorded(f"{func} on a tensor subclass ({', '.join(map(str, types))})")
-        flat = _flat_tensors((args, kwargs))
-        if self._implicit(func) and autograd_would_have_decomposed(func, flat):
+        # the argument tree is walked only where it is read, not for each of 100,000 ops
+        flat = _flat_tensors
+        if self._implicit(func) and autograd_would_have_decomposed(func, flat((args, kwargs))):
             with self:
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
@@ -183,7 +184,7 @@ class _Recorder(TorchDispatchMode):
         if func is _aten.is_nonzero.default:
             with self:
                 return bool((args[0] != 0).item())
-        if torch.Tag.data_dependent_output in func.tags and _all_constant(flat):
+        if torch.Tag.data_dependent_output in func.tags and _all_constant(flat((args, kwargs))):
             return func(*args, **kwargs)  # the fake mode reads the constants; make_fx records none
         if func is _aten.lift_fresh.default:
             func = _aten.lift_fresh_copy.default
