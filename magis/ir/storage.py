@@ -279,11 +279,16 @@ class StorageMap:
         edited: set[Ref] = set()
         dropped: set[Ref] = set()  # every one was in the old map: nothing is dropped twice
         appended: list[Ref] = []
+        # Readers are taken out and put back per storage, not per reading node: a weight read
+        # at each of 124 unrolled steps of 24 layers had its list copied once per reader.
+        leaving: dict[Ref, set[int]] = {}
         for n in (reread | removed) & parent.nodes.keys():
             for s in {old.base[r] for r in parent.node(n).inputs}:
-                if s in readers:
-                    readers[s] = [x for x in readers[s] if x != n]
-                    edited.add(s)
+                leaving.setdefault(s, set()).add(n)
+        for s, gone in leaving.items():
+            if s in readers:
+                readers[s] = [x for x in readers[s] if x not in gone]
+                edited.add(s)
         for n in (dirty | removed) & parent.nodes.keys():
             for i in range(len(parent.node(n).outputs)):
                 ref = Ref(n, i)
@@ -318,10 +323,13 @@ class StorageMap:
                 readers.setdefault(ref, [])
                 if info.host_output:
                     host.add(ref)
+        joining: dict[Ref, list[int]] = {}
         for n in reread:
             for s in {base[r] for r in nodes[n].inputs}:
-                readers[s] = [*readers[s], n]
-                edited.add(s)
+                joining.setdefault(s, []).append(n)
+        for s, new in joining.items():
+            readers[s] = [*readers[s], *new]
+            edited.add(s)
         outs = frozenset(base[r] for r in graph.outputs)
         smap = StorageMap(
             base.done(), nbytes.done(), readers.done(), old.resident, outs, frozenset(host)

@@ -29,6 +29,33 @@ def recomputable(graph: Graph, nid: int) -> bool:
 
 _BATCH_NORM = "aten.native_batch_norm.default"
 
+# Ops whose output holds its input's values unchanged: what reads one reads what its input
+# holds. Activation checkpointing saves a block's input detached, so the block's recomputation
+# reads `detach(x)` where the forward read `x` (FSDP2 + full AC on Llama: none of the
+# recomputed block was found a copy of the forward's without this).
+IDENTITY_OPS = frozenset({"aten.detach.default", "aten.alias.default"})
+
+
+def value_source(graph: Graph, ref: Ref) -> Ref:
+    """The value `ref` holds, named by the first node up its chain of `IDENTITY_OPS` that is
+    not one (`ref` itself when it is no identity's output)."""
+    node = graph.node(ref.node)
+    while node.op in IDENTITY_OPS and isinstance(node.args[0], Ref):
+        ref = node.args[0]
+        node = graph.node(ref.node)
+    return ref
+
+
+def mergeable(graph: Graph, nid: int) -> bool:
+    """Whether a later node that computes what an earlier one does may be dropped for it
+    (de-re-materialization, MAGIS §5.2's dual): any that may be recomputed, and a collective
+    (a collective of the same values gives the same result; every rank runs one plan, so every
+    rank drops it: FSDP's re-gather of a block's weights for its backward, kept from the
+    forward's gather instead). Never a view: it merges with the value it views."""
+    if graph.info(nid).is_view:
+        return False
+    return recompute_call(graph, nid) is not None or graph.info(nid).comm_stream
+
 
 def recompute_call(graph: Graph, nid: int) -> tuple[tuple, dict] | None:
     """(args, kwargs) of a recomputation of `nid`, or None when it cannot be recomputed.
@@ -66,12 +93,39 @@ def duplicate_key(graph: Graph, nid: int, inputs: dict[Ref, Ref] | None = None):
     args, kwargs = call if call is not None else (node.args, node.kwargs_dict)
     if inputs:
         args = mapped(args, inputs)
+    args = _sourced(graph, args)
     try:
         key = (node.op, _frozen(args), _frozen(tuple(sorted(kwargs.items()))))
         hash(key)
     except TypeError:  # unhashable constants: never merged
         return None
     return key
+
+
+def _sourced(graph: Graph, arg):
+    """`arg` with every Ref named by what it holds: its `value_source`, and a view's value by
+    the view (its op and its own arguments, so named) rather than by the node that made it:
+    FSDP2 copies a block's shards in by fresh views of the same parameters before each gather,
+    and two views alike hold the same values."""
+    if isinstance(arg, Ref):
+        ref = value_source(graph, arg)
+        node = graph.node(ref.node)
+        if node.is_placeholder or not graph.info(ref.node).is_view:
+            return ref
+        kwargs = tuple(sorted(node.kwargs_dict.items()))
+        return ("view", node.op, _sourced(graph, node.args), kwargs, ref.index)
+    if isinstance(arg, list | tuple):
+        return type(arg)(_sourced(graph, a) for a in arg)
+    return arg
+
+
+def _storage_root(graph: Graph, ref: Ref) -> Ref:
+    """The value a chain of views and identities over `ref` starts from."""
+    while True:
+        node = graph.node(ref.node)
+        if node.is_placeholder or not graph.info(ref.node).is_view or not node.inputs:
+            return ref
+        ref = node.inputs[0]
 
 
 def _frozen(value):
@@ -85,11 +139,16 @@ def recomputed_pairs(ctx: RuleContext) -> list[tuple[int, int]]:
     """(keep, drop) pairs in schedule order: a non-view node outside frozen regions computing
     what an earlier one does (a recomputed copy, mostly), and the earliest such node. Read
     once per state (`RuleContext.derived`), from the graph's `DuplicateIndex`."""
-    return ctx.derived(RECOMPUTED_PAIRS, lambda: _duplicates(ctx.graph, ctx.position, ctx.frozen))
+    return ctx.derived(
+        RECOMPUTED_PAIRS, lambda: duplicate_pairs(ctx.graph, ctx.position, ctx.frozen)
+    )
 
 
-def _duplicates(graph: Graph, position: Mapping[int, int], frozen) -> list[tuple[int, int]]:
-    """What a scan of the schedule with a `DuplicateScan` finds, read from the index: only its
+def duplicate_pairs(
+    graph: Graph, position: Mapping[int, int], frozen: frozenset[int] = frozenset()
+) -> list[tuple[int, int]]:
+    """(keep, drop) pairs of the scheduled nodes (`position`: node -> step) outside `frozen`:
+    what a scan of the schedule with a `DuplicateScan` finds, read from the index: only its
     shared groups are keyed, each in schedule order, and the pairs sorted by the copy's step."""
     index = duplicate_index(graph)
     first: dict = {}
@@ -106,15 +165,14 @@ def _duplicates(graph: Graph, position: Mapping[int, int], frozen) -> list[tuple
     return pairs
 
 
-def _mergeable(graph: Graph, nid: int) -> bool:
-    return not graph.info(nid).is_view and recompute_call(graph, nid) is not None
-
-
-def _group_of(node: Node) -> tuple:
-    """(op, first input) as ints: two nodes that compute the same thing share both (a Ref is a
-    dataclass, hashed in Python, and this runs on every node of a graph)."""
+def _group_of(graph: Graph, node: Node) -> tuple:
+    """(op, the value its first input's views start from) as ints: two nodes that compute the
+    same thing share both (a Ref is a dataclass, hashed in Python, and this runs on every node of a graph)."""
     head = node.inputs[0] if node.inputs else None
-    return (node.op, -1, 0) if head is None else (node.op, head.node, head.index)
+    if head is None:
+        return (node.op, -1, 0)
+    head = _storage_root(graph, head)
+    return (node.op, head.node, head.index)
 
 
 _INDEX: DerivedKey[DuplicateIndex] = DerivedKey("rules.duplicate_index")
@@ -139,7 +197,7 @@ class DuplicateIndex:
         """`duplicate_key` of a node that a merge may drop (not a view, recomputable)."""
         if nid in self.keys:
             return self.keys[nid]
-        key = self.keys[nid] = duplicate_key(graph, nid) if _mergeable(graph, nid) else None
+        key = self.keys[nid] = duplicate_key(graph, nid) if mergeable(graph, nid) else None
         return key
 
 
@@ -151,7 +209,7 @@ def duplicate_index(graph: Graph) -> DuplicateIndex:
 def _build_index(graph: Graph) -> DuplicateIndex:
     groups: dict[tuple, list[int]] = {}
     for nid, node in graph.nodes.items():
-        groups.setdefault(_group_of(node), []).append(nid)
+        groups.setdefault(_group_of(graph, node), []).append(nid)
     shared = frozenset(g for g, members in groups.items() if len(members) > 1)
     return DuplicateIndex(Layered({g: tuple(m) for g, m in groups.items()}), shared, {})
 
@@ -166,10 +224,12 @@ def derive_duplicate_index(
     if old is None:
         return
     groups, shared, keys = old.groups.draft(), set(old.shared), dict(old.keys)
+    # a node reading a view that was touched may read another value now
+    touched = touched | _view_readers(parent, touched) | _view_readers(child, touched)
     for n in touched | removed:
         keys.pop(n, None)
         if n in parent:
-            group = _group_of(parent.node(n))
+            group = _group_of(parent, parent.node(n))
             members = tuple(m for m in groups[group] if m != n)
             if members:
                 groups[group] = members
@@ -179,13 +239,27 @@ def derive_duplicate_index(
                 shared.discard(group)
     for n in touched:
         if n in child:
-            group = _group_of(child.node(n))
+            group = _group_of(child, child.node(n))
             members = groups[group] + (n,) if group in groups else (n,)
             groups[group] = members
             if len(members) > 1:
                 shared.add(group)
     index = DuplicateIndex(groups.done(), frozenset(shared), keys)
     child.derived(_INDEX, lambda: index)
+
+
+def _view_readers(graph: Graph, nodes: set[int]) -> set[int]:
+    """The nodes of `graph` that read one of `nodes` that is a view (an identity included),
+    through chains of views: their group and key name the views' values (`_sourced`)."""
+    out: set[int] = set()
+    stack = [n for n in nodes if n in graph and graph.info(n).is_view]
+    while stack:
+        for u in graph.successors(stack.pop()):
+            if u not in out:
+                out.add(u)
+                if graph.info(u).is_view:
+                    stack.append(u)
+    return out
 
 
 _PENDING = object()  # a DuplicateScan group whose nodes have no key yet
@@ -214,6 +288,8 @@ class DuplicateScan:
         head = node.inputs[0] if node.inputs else None
         if same and head is not None:
             head = same.get(head, head)
+        if head is not None:
+            head = _storage_root(self.graph, head)
         # ints, not the Ref: a dataclass hashes in Python, and this runs on every node
         group_key = (node.op, -1, 0) if head is None else (node.op, head.node, head.index)
         group = self._groups.setdefault(group_key, [])

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 from magis.ir import DerivedKey, Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.duplicates import duplicate_key, mapped, recompute_call, recomputed_pairs
+from magis.rules.duplicates import (
+    duplicate_key,
+    mapped,
+    mergeable,
+    recompute_call,
+    recomputed_pairs,
+)
 from magis.rules.repeated import kind_rewrites, repeated_rewrites
 
 
@@ -318,16 +324,22 @@ def merge_all_duplicates(
 def _duplicate_of(g: Graph, nid: int, pos: Mapping[int, int]) -> tuple[int, int] | None:
     """(keep, drop) for `nid` and a node reading the same inputs that computes the same thing,
     the earlier kept; None when there is none."""
-    if recompute_call(g, nid) is None:
+    if not _merges(g, nid):
         return None
     key = duplicate_key(g, nid)
     if key is None:
         return None
     siblings = {u for r in g.node(nid).inputs for u in g.users(r.node)} - {nid}
     for u in sorted(siblings, key=lambda n: pos.get(n, len(pos) + n)):
-        if recompute_call(g, u) is not None and duplicate_key(g, u) == key:
+        if _merges(g, u) and duplicate_key(g, u) == key:
             return (u, nid) if pos.get(u, len(pos) + u) < pos.get(nid, len(pos) + nid) else (nid, u)
     return None
+
+
+def _merges(g: Graph, nid: int) -> bool:
+    """What a segment's merge follows: a node that may be dropped for an earlier one
+    (`mergeable`) or a view of one."""
+    return mergeable(g, nid) or (g.info(nid).is_view and recompute_call(g, nid) is not None)
 
 
 def _match_deremat(ctx: RuleContext) -> Iterator[Rewrite]:

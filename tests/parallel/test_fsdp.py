@@ -38,9 +38,11 @@ def _check_equal_to_fsdp2(results: list[dict], world: int) -> None:
         # each rank holds ceil(rows / world) rows of each parameter, padded alike on every rank
         assert got["local_shapes"]["out.bias"] == [-(-3 // world)]
         assert got["local_shapes"]["inp.weight"] == [-(-10 // world), 6]
-        # root + 3 blocks: the root gathered once, each block before its forward and again
-        # before its backward; one reduce-scatter per group
-        assert (got["all_gathers"], got["reduce_scatters"]) == (7, 4)
+        # root + 3 blocks: the root gathered once, each block before its forward and, as
+        # FSDP2 does, again before its backward unless the plan keeps its forward's gather
+        # (de-re-materialization may merge a re-gather); one reduce-scatter per group
+        assert 4 <= got["all_gathers"] <= 7
+        assert got["reduce_scatters"] == 4
     assert len({got["plan_hash"] for got in results}) == 1  # one plan on every rank
 
 
@@ -87,3 +89,30 @@ def test_what_cannot_be_sharded_is_refused_in_one_line(tmp_path):
         "ShardingError: parameter 'scale' is 0-dimensional and FSDP shards parameters on dim 0: "
         "give it shape [1] (torch.nn.Parameter(value.reshape(1)))"
     )
+
+
+def test_a_plan_keeping_the_forward_gathers_trains_as_fsdp2(trained, tmp_path):
+    """De-re-materialization merges each block's re-gather for its backward into its forward's
+    gather (the same shards, viewed alike: `rules.duplicates`), as FSDP2 without resharding
+    after the forward would run; one plan on both ranks, equal to FSDP2."""
+    from magis.ir import positions
+    from magis.rules.duplicates import duplicate_pairs
+    from magis.rules.remat import merge_all_duplicates
+
+    plan = Plan.load(trained / "plan.json")
+    pos = positions(plan.order)
+    gathers = [
+        (k, d)
+        for k, d in duplicate_pairs(plan.graph, pos)
+        if plan.graph.info(d).comm_stream or plan.graph.node(d).op == "aten.cat.default"
+    ]
+    merged = merge_all_duplicates(plan.graph, gathers, pos)
+    order = [n for n in plan.order if n in merged.graph]
+    assert merged.graph.is_valid_schedule(order)
+    Plan(merged.graph, order, plan.summary).save(tmp_path / "kept.json")
+    ranks.spawn(fsdp_workers.train_equal, 2, tmp_path, str(tmp_path / "kept.json"))
+    for got in ranks.results(tmp_path, 2):
+        for key in ("loss", "params", "exp_avg", "exp_avg_sq"):
+            assert got[key] <= 1e-9, (key, got[key])
+        assert got["moved"] > 1e-3
+        assert (got["all_gathers"], got["reduce_scatters"]) == (4, 4)  # one gather per group
