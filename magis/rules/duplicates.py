@@ -166,13 +166,18 @@ def duplicate_pairs(
 
 
 def _group_of(graph: Graph, node: Node) -> tuple:
-    """(op, the value its first input's views start from) as ints: two nodes that compute the
-    same thing share both (a Ref is a dataclass, hashed in Python, and this runs on every node of a graph)."""
-    head = node.inputs[0] if node.inputs else None
+    """`_group_key` of a node and its first input."""
+    return _group_key(graph, node.op, node.inputs[0] if node.inputs else None)
+
+
+def _group_key(graph: Graph, op: str, head: Ref | None) -> tuple:
+    """(op, the value the first input's views start from) as ints: two nodes that compute the
+    same thing share both (a Ref is a dataclass, hashed in Python, and this runs on every
+    node of a graph)."""
     if head is None:
-        return (node.op, -1, 0)
+        return (op, -1, 0)
     head = _storage_root(graph, head)
-    return (node.op, head.node, head.index)
+    return (op, head.node, head.index)
 
 
 _INDEX: DerivedKey[DuplicateIndex] = DerivedKey("rules.duplicate_index")
@@ -224,8 +229,9 @@ def derive_duplicate_index(
     if old is None:
         return
     groups, shared, keys = old.groups.draft(), set(old.shared), dict(old.keys)
-    # a node reading a view that was touched may read another value now
-    touched = touched | _view_readers(parent, touched) | _view_readers(child, touched)
+    # A node reading a touched view may read another value now (a reader that no longer
+    # reads it in the child was re-wired: touched itself).
+    touched = touched | _view_readers(child, touched)
     for n in touched | removed:
         keys.pop(n, None)
         if n in parent:
@@ -288,10 +294,7 @@ class DuplicateScan:
         head = node.inputs[0] if node.inputs else None
         if same and head is not None:
             head = same.get(head, head)
-        if head is not None:
-            head = _storage_root(self.graph, head)
-        # ints, not the Ref: a dataclass hashes in Python, and this runs on every node
-        group_key = (node.op, -1, 0) if head is None else (node.op, head.node, head.index)
+        group_key = _group_key(self.graph, node.op, head)
         group = self._groups.setdefault(group_key, [])
         if group is not _PENDING:
             if not group:  # alone so far: nothing earlier can compute the same
