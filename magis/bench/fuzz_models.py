@@ -5,8 +5,9 @@ inputs); here the generated inputs are whole training steps — forward, backwar
 weight update (SGD or Adam) in float64 — assembled from the blocks real models are made of:
 linear layers and MLPs, attention written out (three projections, scaled scores, a mask,
 softmax, dropout), batch / layer / group norm, convolutions (strided, grouped, 1x1, on
-channels-last inputs), concatenations, chunks and channel slices, views, transposes, permutes
-and expands, reductions, log-softmax, cross-entropy and MSE losses; last in a quarter of the
+channels-last inputs; padded explicitly under ReLU6 and leaky ReLU, as Hugging Face's
+MobileNet pads), concatenations, chunks and channel slices, views, transposes, permutes and
+expands, reductions, log-softmax, cross-entropy and MSE losses; last in a quarter of the
 sequence models, an LSTM computed in float32 (oneDNN's fused `mkldnn_rnn_layer` on a CPU exists
 for float32 only), which makes the whole step checked at float32's tolerance; and every
 GRAPH_EVERY-th model a graph network, message passing over a random edge list in each way graph
@@ -334,6 +335,22 @@ class DownUp(nn.Module):
         return F.interpolate(F.silu(self.down(x)), size=x.shape[-2:]) + x
 
 
+class Depthwise(nn.Module):
+    """A depthwise convolution as Hugging Face's MobileNet writes one: its input padded
+    explicitly after a ReLU6, a leaky ReLU, and a "TensorFlow" pad that pads nothing. The
+    convolution is made as `_conv` makes it (its padding applied by hand), so a seed draws the
+    weights it drew when this block was a convolution and a GELU."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = _conv(c, c, groups=c)
+
+    def forward(self, x):
+        h = F.pad(F.relu6(x), (1, 1, 1, 1))
+        y = F.conv2d(h, self.conv.weight, self.conv.bias, groups=self.conv.groups)
+        return F.pad(F.leaky_relu(y, 0.1), (0, 0, 0, 0))
+
+
 class Residual(nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
@@ -373,7 +390,7 @@ def image_block(name: str, c: int) -> nn.Module:
         "conv_cat": lambda: ConvCat(c),
         "channel_glu": lambda: ChannelGlu(c),
         "down_up": lambda: DownUp(c),
-        "depthwise": lambda: nn.Sequential(_conv(c, c, groups=c), nn.GELU()),
+        "depthwise": lambda: Depthwise(c),
         "pointwise": lambda: nn.Sequential(_conv(c, c, 1), Contiguous(), nn.Dropout(0.1)),
         "channels_last": lambda: ChannelsLast(c),
         "residual": lambda: Residual(c),

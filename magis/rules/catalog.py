@@ -20,7 +20,7 @@ from magis.rules.offload import OFFLOAD_STATE, RESTORE_STATE
 from magis.rules.relax import RELAX
 from magis.rules.remat import DEREMAT, REMAT
 from magis.rules.swap import DESWAP, REMAT_TO_SWAP, SWAP
-from magis.rules.taso import TASO_RULES
+from magis.rules.taso import LATER_TASO_RULES, TASO_RULES
 
 # The fuzz run that first drew a rule: the reproducers of the first runs
 # (`tests/bench/test_fuzz.py`) replay with the rules of round 1 only, in catalog order.
@@ -68,6 +68,9 @@ RULE_CATALOG: tuple[CatalogEntry, ...] = (
     # order of the rules before it, and its results on steps without state, are unchanged.
     CatalogEntry(OFFLOAD_STATE, dual=RESTORE_STATE.name, fuzz_round=3),
     CatalogEntry(RESTORE_STATE, dual=OFFLOAD_STATE.name, fuzz_round=3),
+    # A zero pad folded, an activation's backward reading its output (issue 42, CNNs): last,
+    # for the reason above; fuzzed from round 4, where the fuzzer's depthwise block has both.
+    *(CatalogEntry(rule, fuzz_round=4) for rule in LATER_TASO_RULES),
 )
 
 # What undoes a kind of rewrite: the fuzzer tries it right after that kind, so that chains also

@@ -30,6 +30,7 @@ def test_500_cases_match_eager_and_cover_every_rule_kind(report_500):
     assert not report.baseline_failures, [m.error for m in report.baseline_failures]
     assert set(report.kinds_covered) == all_kinds()
     assert {"fission:n=2", "fission:n=3", "fission:n=4"} <= set(report.rules_covered)
+    assert {"fold_zero_pads", "read_activation_outputs"} <= set(report.rules_covered)
     assert set(report.placements) >= {"hint", "after_inputs", "fission"}
     data = report.to_json()
     assert {"cases", "mismatches", "rules_covered", "seconds"} <= set(data)

@@ -28,6 +28,7 @@ from magis.rules import (
     fuzzed_rules,
     rules_in_search_order,
 )
+from magis.rules.taso import LATER_TASO_RULES
 from magis.search import default_rules
 
 # Pairs whose rules each undo the other (MAGIS §5.2, Fig. 8).
@@ -88,6 +89,7 @@ def test_the_search_applies_the_catalog_in_its_order():
         MINCUT_REMAT,
         OFFLOAD_STATE,  # last: steps without optimizer state keep their fingerprints
         RESTORE_STATE,
+        *LATER_TASO_RULES,  # after them, for the same reason
     )  # the order the search's fingerprints were recorded with
 
 
@@ -106,4 +108,11 @@ def test_the_fuzzer_draws_the_catalog_by_round():
         MINCUT_REMAT,
     )
     assert first_runs == FIRST_RULES
-    assert all_rules() == (*FIRST_RULES, REMAT_TO_SWAP, RELAX, OFFLOAD_STATE, RESTORE_STATE)
+    assert all_rules() == (
+        *FIRST_RULES,
+        REMAT_TO_SWAP,
+        RELAX,
+        OFFLOAD_STATE,
+        RESTORE_STATE,
+        *LATER_TASO_RULES,
+    )

@@ -5,7 +5,8 @@ Each rule is checked the TASO way (thesis §3.4): by running the rewritten progr
 inputs and comparing with the original (tests/test_taso.py).
 """
 
-from magis.rules.taso import cat, conv, conv_cat, distributivity, matmul
+from magis.rules.taso import activation, cat, conv, conv_cat, distributivity, matmul, pad
+from magis.rules.taso.activation import READ_ACTIVATION_OUTPUTS
 from magis.rules.taso.cat import FOLD_SLICE_OF_CAT
 from magis.rules.taso.conv import MERGE_CONV_BACKWARD, SPLIT_CONV_BACKWARD
 from magis.rules.taso.conv_cat import (
@@ -16,18 +17,25 @@ from magis.rules.taso.conv_cat import (
 )
 from magis.rules.taso.distributivity import EXPAND, FACTOR
 from magis.rules.taso.matmul import MERGE_MATMUL, SPLIT_MATMUL
+from magis.rules.taso.pad import FOLD_ZERO_PADS
 
 # The search offers candidates in this order (and a seeded search shuffles this tuple).
 TASO_RULES = (*matmul.RULES, *cat.RULES, *distributivity.RULES, *conv.RULES, *conv_cat.RULES)
+# Substitutions that joined later (issue 42: CNN activations). The catalog lists them after
+# every other rule, so that the search's order of the rules before them is unchanged.
+LATER_TASO_RULES = (*pad.RULES, *activation.RULES)
 
 __all__ = [
     "EXPAND",
     "FACTOR",
     "FOLD_SLICE_OF_CAT",
+    "FOLD_ZERO_PADS",
+    "LATER_TASO_RULES",
     "MERGE_CONV_BACKWARD",
     "MERGE_CONV_OUTPUT",
     "MERGE_MATMUL",
     "MERGE_WGRADS_OF_CAT",
+    "READ_ACTIVATION_OUTPUTS",
     "SPLIT_CONV_BACKWARD",
     "SPLIT_CONV_OUTPUT",
     "SPLIT_MATMUL",
