@@ -88,7 +88,8 @@ def output_reads(ctx: RuleContext) -> list[list[OutputRead]]:
         fwd = _forward_of(graph, nid)
         if nid in ctx.frozen or fwd is None or fwd in ctx.frozen:
             continue
-        found.append(OutputRead(nid, fwd, _interior_pad(graph, fwd)))
+        padded = _interior_pad(graph, fwd)
+        found.append(OutputRead(nid, fwd, None if padded in ctx.frozen else padded))
     return [found] if found else []
 
 
