@@ -301,14 +301,18 @@ def _conv(cin: int, cout: int, k: int = 3, **kw) -> nn.Conv2d:
 
 
 class ConvCat(nn.Module):
-    """Two convolutions concatenated and convolved (U-Net++'s dense skips)."""
+    """Two convolutions concatenated and convolved (U-Net++'s dense skips), the concatenation
+    also batch-normalized (DenseNet's layers); the batch norm draws no weights, so a seed
+    draws the weights it drew before it joined."""
 
     def __init__(self, c: int) -> None:
         super().__init__()
         self.a, self.b, self.merge = _conv(c, c), _conv(c, c, 1), _conv(2 * c, c)
+        self.norm = nn.BatchNorm2d(2 * c)
 
     def forward(self, x):
-        return self.merge(torch.cat([F.relu(self.a(x)), self.b(x)], dim=1))
+        both = torch.cat([F.relu(self.a(x)), self.b(x)], dim=1)
+        return self.merge(both) + self.norm(both).mean(1, keepdim=True)
 
 
 class ChannelGlu(nn.Module):

@@ -26,7 +26,7 @@ import torch
 
 from magis.ir import Graph, Ref, TensorMeta
 from magis.ir.graph import Node
-from magis.ir.ops import base_name
+from magis.ir.ops import LOAD_OP, STORE_OP, base_name
 from magis.ir.tensor import dense_permutation
 from magis.rules.rebuild import GraphRebuilder
 
@@ -42,11 +42,13 @@ def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
     (see the module docstring); placeholders are kept, and the program order is `order`
     (default: the graph's own)."""
     rb = GraphRebuilder(graph)
+    detached: list[Ref] = []  # what the detached creations read
     for nid in graph.program_order() if order is None else order:
         node = graph.node(nid)
         base = base_name(node.op)
         if base in _CREATIONS and not node.is_placeholder and node.writes_into is None:
             _detach_creation(rb, node)
+            detached.extend(node.inputs)
         elif base in _NLL and _mean_nll_without_weight(node):
             _split_mean_nll(rb, node)
         elif base == "mse_loss" and _reduction(node, 2) == _MEAN:
@@ -55,7 +57,25 @@ def prepare(graph: Graph, order: Sequence[int] | None = None) -> Graph:
             _split_mean_mse_backward(rb, node)
         else:
             rb.copy(nid)
-    return rb.finish()
+    g = rb.finish()
+    _drop_unread_loads(g, [rb.env[r] for r in detached])
+    return g
+
+
+def _drop_unread_loads(g: Graph, refs: list[Ref]) -> None:
+    """A swap's Load that only a detached creation read (`x.new_zeros(size)` of a swapped-out
+    `x`: the fuzzer's chain min-cut, swap, fission) is read by nothing now: it is removed, and
+    its Store when no other Load reads that. A Load with no reader has no place to be timed."""
+    for ref in dict.fromkeys(refs):
+        if ref.node not in g or g.users(ref.node) or ref in g.outputs:
+            continue
+        load = g.node(ref.node)
+        if load.op != LOAD_OP:
+            continue
+        store = load.inputs[0]
+        g.remove_node(load.id)
+        if g.node(store.node).op == STORE_OP and not g.users(store.node) and store not in g.outputs:
+            g.remove_node(store.node)
 
 
 def _detach_creation(rb: GraphRebuilder, node: Node) -> None:

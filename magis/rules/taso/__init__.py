@@ -5,7 +5,16 @@ Each rule is checked the TASO way (thesis §3.4): by running the rewritten progr
 inputs and comparing with the original (tests/test_taso.py).
 """
 
-from magis.rules.taso import activation, cat, conv, conv_cat, distributivity, matmul, pad
+from magis.rules.taso import (
+    activation,
+    cat,
+    conv,
+    conv_cat,
+    distributivity,
+    matmul,
+    norm_cat,
+    pad,
+)
 from magis.rules.taso.activation import READ_ACTIVATION_OUTPUTS
 from magis.rules.taso.cat import FOLD_SLICE_OF_CAT
 from magis.rules.taso.conv import MERGE_CONV_BACKWARD, SPLIT_CONV_BACKWARD
@@ -17,13 +26,14 @@ from magis.rules.taso.conv_cat import (
 )
 from magis.rules.taso.distributivity import EXPAND, FACTOR
 from magis.rules.taso.matmul import MERGE_MATMUL, SPLIT_MATMUL
+from magis.rules.taso.norm_cat import SPLIT_BN_BACKWARD_OF_CAT
 from magis.rules.taso.pad import FOLD_ZERO_PADS
 
 # The search offers candidates in this order (and a seeded search shuffles this tuple).
 TASO_RULES = (*matmul.RULES, *cat.RULES, *distributivity.RULES, *conv.RULES, *conv_cat.RULES)
-# Substitutions that joined later (issue 42: CNN activations). The catalog lists them after
+# Substitutions that joined later (issue 42: CNN activations and DenseNet's concatenations). The catalog lists them after
 # every other rule, so that the search's order of the rules before them is unchanged.
-LATER_TASO_RULES = (*pad.RULES, *activation.RULES)
+LATER_TASO_RULES = (*pad.RULES, *activation.RULES, *norm_cat.RULES)
 
 __all__ = [
     "EXPAND",
@@ -37,6 +47,7 @@ __all__ = [
     "MERGE_WGRADS_OF_CAT",
     "READ_ACTIVATION_OUTPUTS",
     "SPLIT_CONV_BACKWARD",
+    "SPLIT_BN_BACKWARD_OF_CAT",
     "SPLIT_CONV_OUTPUT",
     "SPLIT_MATMUL",
     "SPLIT_WGRAD_OF_CAT",

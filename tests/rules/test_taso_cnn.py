@@ -1,6 +1,7 @@
-"""A zero pad folded into its input, an activation's backward reading its output (issue 42,
-CNNs): checked the TASO way, the rewritten step equals eager PyTorch, and the input the
-backward no longer reads is freed in the forward."""
+"""The CNN substitutions of issue 42 — a zero pad folded into its input, an activation's
+backward reading its output, a batch norm's backward over a concatenation split by its parts —
+checked the TASO way (the rewritten step equals eager PyTorch) and by what they free: the
+tensor the backward no longer reads dies in the forward."""
 
 import pytest
 import torch
@@ -12,13 +13,14 @@ from magis.cost import get_cost_model
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
 from magis.ir.topological import place_after_inputs
 from magis.rules import RuleContext
-from magis.rules.taso import FOLD_ZERO_PADS, READ_ACTIVATION_OUTPUTS
+from magis.rules.taso import FOLD_ZERO_PADS, READ_ACTIVATION_OUTPUTS, SPLIT_BN_BACKWARD_OF_CAT
 from magis.rules.taso.activation import BACKWARDS
 from magis.rules.taso.pad import zero_pads
 from magis.sim import simulate
 from tests.rules.test_taso import _apply_and_verify
 
 PAD = "aten.constant_pad_nd.default"
+CAT, BN_BACKWARD = "aten.cat.default", "aten.native_batch_norm_backward.default"
 
 
 class InvertedResidual(nn.Module):
@@ -103,3 +105,44 @@ def test_mobilenet_keeps_less_in_its_program_order():
     assert len(folded.removed) > 30  # Hugging Face's "TensorFlow padding" of 1x1 convolutions
     kept = [n for n in new_order if n not in folded.removed]
     assert folded.graph.is_valid_schedule(place_after_inputs(folded.graph, kept, folded.added))
+
+
+class DenseBlock(nn.Module):
+    """DenseNet's block: each layer batch-normalizes the concatenation of every map before it
+    (the first layer's concatenation of one map is a copy)."""
+
+    def __init__(self, c: int, growth: int, layers: int) -> None:
+        super().__init__()
+        widths = [c + k * growth for k in range(layers)]
+        self.norms = nn.ModuleList(nn.BatchNorm2d(w) for w in widths)
+        self.convs = nn.ModuleList(nn.Conv2d(w, growth, 3, padding=1) for w in widths)
+
+    def forward(self, x):
+        maps = [x]
+        for norm, conv in zip(self.norms, self.convs, strict=True):
+            maps.append(conv(F.relu(norm(torch.cat(maps, 1)))))
+        return torch.cat(maps, 1).mean((2, 3))
+
+
+def test_batch_norm_backwards_over_concatenations_read_the_parts_and_match_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), DenseBlock(4, 3, 3)).double()
+    x = torch.randn(2, 3, 7, 7, dtype=torch.float64)
+    step = training_step(model, (x,), loss_fn=lambda out, x: out.square().mean())
+    ((res, _),) = _apply_and_verify(step, SPLIT_BN_BACKWARD_OF_CAT)
+    g = res.graph
+    backwards = [n for n in g.ops() if g.node(n).op == BN_BACKWARD]
+    assert len(backwards) == 1 + 2 + 3  # one per part of each layer's concatenation
+    assert not any(g.node(g.node(n).args[1].node).op == CAT for n in backwards)
+    for n in g.ops():  # each concatenation is read by its batch norm's forward alone
+        if g.node(n).op == CAT and g.node(n).name.startswith("cat"):
+            readers = {g.node(u).op for u in g.users(n)}
+            assert BN_BACKWARD not in readers
+
+
+def test_densenet_keeps_less_in_its_program_order():
+    _, step = workload_step("corpus:densenet121:tiny", dtype=torch.float64)
+    cost = get_cost_model("rtx3090")
+    before = simulate(step.graph, step.graph.program_order(), cost).peak_bytes
+    ((res, order),) = _apply_and_verify(step, SPLIT_BN_BACKWARD_OF_CAT)
+    assert simulate(res.graph, order, cost).peak_bytes < 0.97 * before
