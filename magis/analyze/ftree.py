@@ -307,6 +307,8 @@ def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found, fixed) -> 
     if len(pieces) < 2:
         return []  # one piece: the virtual entry's S, less what the batch fixes
     pieces = [p for p in pieces if not any(set(p) <= x.ftrans.nodes for x in found)]
+    if not pieces:
+        return []  # Alg. 1's candidates hold every piece already (an LSTM step, re-analysed)
     scored = [(_piece_score(graph, p, hot, n), p) for p in sorted(pieces)]
     s_max = max(sc[1] for sc, _ in scored)
     out = []
