@@ -29,7 +29,7 @@ from magis.rules import (
     ordered_for,
 )
 from magis.rules.duplicates import derive_duplicate_index
-from magis.rules.relax import relaxation_at_peak
+from magis.rules.relax import RELAX, relaxation_at_peak
 from magis.schedule import schedule
 from magis.schedule.swaps import time_swaps
 from magis.search import fission_moves
@@ -250,13 +250,26 @@ class Evaluator:
             return child
         ctx = self.context(child, True, objective)  # a latency limit's ceiling: child's peak
         excess = child.latency - objective.limit
-        rewrite = self.timed("transform", relaxation_at_peak, ctx, excess, parent)
+        try:
+            rewrite = self.timed("transform", relaxation_at_peak, ctx, excess, parent)
+        except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
+            self.failed(RELAX.name, exc)
+            return child
         if rewrite is None:
             return child
         relaxed = self.child(child, rewrite)
         return relaxed if relaxed is not None and objective.better(relaxed, child) else child
 
     def fission_child(self, state: MState, build_tree, name: str) -> MState | None:
+        """`_fission_child`, or None when it raises (`failed`), as a rule's child is dropped:
+        one broken split must not end a user's search."""
+        try:
+            return self._fission_child(state, build_tree, name)
+        except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
+            self.failed(name, exc)
+            return None
+
+    def _fission_child(self, state: MState, build_tree, name: str) -> MState | None:
         """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
         hierarchical schedule (each enabled region's parts one after the other), with Store/Load
         re-timed. Trees already materialized (the same enabled nodes with the same n, reached

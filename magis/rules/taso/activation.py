@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
-from magis.rules.taso.common import SLICE, slice_meta
+from magis.rules.taso.common import SLICE, Replacement, replaced_in_place, slice_meta
 from magis.rules.taso.pad import PAD
 
 HARDTANH, HARDTANH_BACKWARD = "aten.hardtanh.default", "aten.hardtanh_backward.default"
@@ -96,29 +96,17 @@ def output_reads(ctx: RuleContext) -> list[list[OutputRead]]:
 def read_outputs(graph: Graph, reads: list[OutputRead]) -> Rewritten:
     """Each backward of `reads` as a new node reading the forward's output (or its padded
     copy's interior), in place of the old one."""
-    g = graph.copy()
-    added: set[int] = set()
-    changed: set[int] = set()
-    places = []
-    for read in reads:
-        node = g.node(read.backward)
-        source, views = _output_source(g, read)
-        args = (node.args[0], source, *node.args[2:])
-        if node.op == LEAKY_RELU_BACKWARD:
-            args = (*args[:3], True)
-        new = g.add_op(f"{node.name}_of_output", node.op, args, outputs=node.outputs)
-        changed.update(g.replace_uses(Ref(read.backward), Ref(new)))
-        g.remove_node(read.backward)
-        added.update((*views, new))
-        places.append(((read.backward,), (*views, new)))
-    removed = frozenset(r.backward for r in reads)
-    return Rewritten(
-        g,
-        frozenset(added),
-        frozenset(changed - removed - added),
-        removed,
-        in_place_of=tuple(places),
-    )
+    return replaced_in_place(graph, reads, _read_output)
+
+
+def _read_output(g: Graph, read: OutputRead) -> Replacement:
+    node = g.node(read.backward)
+    source, views = _output_source(g, read)
+    args = (node.args[0], source, *node.args[2:])
+    if node.op == LEAKY_RELU_BACKWARD:
+        args = (*args[:3], True)
+    new = g.add_op(f"{node.name}_of_output", node.op, args, outputs=node.outputs)
+    return Replacement((read.backward,), (*views, new), ((Ref(read.backward), Ref(new)),))
 
 
 def _output_source(g: Graph, read: OutputRead) -> tuple[Ref, list[int]]:

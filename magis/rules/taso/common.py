@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from magis.ir import Graph, Ref, TensorMeta
-from magis.rules.base import RuleContext
+from magis.ir.topological import carry_control_deps
+from magis.rules.base import Rewritten, RuleContext
+
+T = TypeVar("T")
 
 MM, ADDMM = "aten.mm.default", "aten.addmm.default"
 CAT, SLICE = "aten.cat.default", "aten.slice.Tensor"
@@ -69,3 +74,44 @@ def largest_first(ctx: RuleContext, op: str) -> list[int]:
     """The nodes of `op`, largest first output first (the rewrites that matter most)."""
     nodes = ctx.nodes_of(op)
     return sorted(nodes, key=lambda n: -max(m.nbytes for m in ctx.graph.node(n).outputs))
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """New nodes made for old ones by a substitution: `olds` go, `news` (already in the graph,
+    in a valid order) run where the first of `olds` ran, and each (old output, new ref) pair
+    of `outputs` re-points the old output's readers."""
+
+    olds: tuple[int, ...]
+    news: tuple[int, ...]
+    outputs: tuple[tuple[Ref, Ref], ...]
+
+
+def replaced_in_place(
+    graph: Graph, items: Iterable[T], replace_one: Callable[[Graph, T], Replacement]
+) -> Rewritten:
+    """A copy of `graph` with each of `items` replaced by the nodes `replace_one` adds for it
+    to the copy: the old outputs' readers re-pointed, the old nodes' control dependencies
+    carried to the new ones, the old nodes removed, and the new ones placed where they ran
+    (`Rewritten.in_place_of`)."""
+    g = graph.copy()
+    added: set[int] = set()
+    changed: set[int] = set()
+    places = []
+    for item in items:
+        done = replace_one(g, item)
+        for old, new in done.outputs:
+            changed.update(g.replace_uses(old, new))
+        for old in done.olds[::-1]:
+            carry_control_deps(g, old, done.news)
+            g.remove_node(old)
+        added.update(done.news)
+        places.append((done.olds, done.news))
+    removed = frozenset(n for olds, _ in places for n in olds)
+    return Rewritten(
+        g,
+        frozenset(added),
+        frozenset(changed - removed - added),
+        removed,
+        in_place_of=tuple(places),
+    )

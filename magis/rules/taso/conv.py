@@ -24,15 +24,16 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from magis.ir import Graph, Ref, TensorMeta
-from magis.ir.topological import carry_control_deps
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
 from magis.rules.taso.common import (
     CONV_BACKWARD,
     CONVOLUTION,
     NOTHING,
+    Replacement,
     contiguous,
     conv_backward_mask,
     largest_first,
+    replaced_in_place,
 )
 
 CLONE = "aten.clone.default"
@@ -99,52 +100,38 @@ def split_conv_backward(graph: Graph, nids: Iterable[int]) -> Rewritten:
     """dgrad as the transposed convolution of the output gradient (which reads no saved
     input), wgrad as a `convolution_backward` that computes only the weight and bias
     gradients, for each of `nids`; the scheduler places the two."""
-    g = graph.copy()
-    added: set[int] = set()
-    changed: set[int] = set()
-    places = []
-    for nid in nids:
-        node = g.node(nid)
-        gy, _, w, _, stride, padding, dilation, _, _, groups, mask = node.args
-        out = node.outputs
-        wgrad = g.add_op(
-            f"{node.name}_wgrad",
-            node.op,
-            (*node.args[:10], [False, bool(mask[1]), bool(mask[2])]),
-            outputs=(NOTHING, out[1] if mask[1] else NOTHING, out[2] if mask[2] else NOTHING),
-        )
-        dgrad = g.add_op(
-            f"{node.name}_dgrad",
-            CONVOLUTION,
-            (gy, w, None, stride, padding, dilation, True, _dgrad_output_padding(g, nid), groups),
-            outputs=(contiguous(out[0]),),
-        )
-        news = [wgrad, dgrad]  # wgrad first: the saved input dies before dgrad allocates
-        if _needs_relayout(out[0]):
-            news.append(
-                g.add_op(
-                    f"{node.name}_dgrad{_RELAYOUT}",
-                    CLONE,
-                    (Ref(dgrad, 0),),
-                    {"memory_format": torch.channels_last},
-                    outputs=(out[0],),
-                )
-            )
-        changed.update(g.replace_uses(Ref(nid, 0), Ref(news[-1], 0)))
-        for i in (1, 2):
-            changed.update(g.replace_uses(Ref(nid, i), Ref(wgrad, i)))
-        carry_control_deps(g, nid, news)
-        g.remove_node(nid)
-        added.update(news)
-        places.append(((nid,), tuple(news)))
-    removed = frozenset(nids)
-    return Rewritten(
-        g,
-        frozenset(added),
-        frozenset(changed - removed - added),
-        removed,
-        in_place_of=tuple(places),
+    return replaced_in_place(graph, nids, _split_one)
+
+
+def _split_one(g: Graph, nid: int) -> Replacement:
+    node = g.node(nid)
+    gy, _, w, _, stride, padding, dilation, _, _, groups, mask = node.args
+    out = node.outputs
+    wgrad = g.add_op(
+        f"{node.name}_wgrad",
+        node.op,
+        (*node.args[:10], [False, bool(mask[1]), bool(mask[2])]),
+        outputs=(NOTHING, out[1] if mask[1] else NOTHING, out[2] if mask[2] else NOTHING),
     )
+    dgrad = g.add_op(
+        f"{node.name}_dgrad",
+        CONVOLUTION,
+        (gy, w, None, stride, padding, dilation, True, _dgrad_output_padding(g, nid), groups),
+        outputs=(contiguous(out[0]),),
+    )
+    news = [wgrad, dgrad]  # wgrad first: the saved input dies before dgrad allocates
+    if _needs_relayout(out[0]):
+        news.append(
+            g.add_op(
+                f"{node.name}_dgrad{_RELAYOUT}",
+                CLONE,
+                (Ref(dgrad, 0),),
+                {"memory_format": torch.channels_last},
+                outputs=(out[0],),
+            )
+        )
+    outputs = ((Ref(nid, 0), Ref(news[-1], 0)), *((Ref(nid, i), Ref(wgrad, i)) for i in (1, 2)))
+    return Replacement((nid,), tuple(news), outputs)
 
 
 def conv_backward_pairs(graph: Graph, order, frozen=frozenset()) -> Iterator[tuple[int, int]]:
@@ -173,41 +160,30 @@ def conv_backward_pairs(graph: Graph, order, frozen=frozenset()) -> Iterator[tup
 
 def merge_conv_backward(graph: Graph, pairs: Iterable[tuple[int, int]]) -> Rewritten:
     """The dual: each (dgrad, wgrad) pair as one `convolution_backward` computing both."""
-    g = graph.copy()
-    added: set[int] = set()
-    changed: set[int] = set()
-    places = []
-    for dgrad, wgrad in pairs:
-        d, w = g.node(dgrad), g.node(wgrad)
-        mask = w.args[10]
-        name = d.name.removesuffix("_dgrad")
-        merged = g.add_op(
-            name if name != d.name else f"{d.name}_merged",
-            w.op,
-            (*w.args[:10], [True, bool(mask[1]), bool(mask[2])]),
-            outputs=(d.outputs[0], w.outputs[1], w.outputs[2]),
-        )
-        relayout = _relayout_of(g, dgrad)
-        grad_in = dgrad if relayout is None else relayout
-        if relayout is not None:  # the merged backward makes eager's layout itself
-            g.restride(merged, (g.node(relayout).outputs[0], *g.node(merged).outputs[1:]))
-        changed.update(g.replace_uses(Ref(grad_in, 0), Ref(merged, 0)))
-        for i in (1, 2):
-            changed.update(g.replace_uses(Ref(wgrad, i), Ref(merged, i)))
-        olds = (dgrad, wgrad) if relayout is None else (dgrad, wgrad, relayout)
-        for old in olds[::-1]:
-            carry_control_deps(g, old, [merged])
-            g.remove_node(old)
-        added.add(merged)
-        places.append((olds, (merged,)))
-    removed = frozenset(n for olds, _ in places for n in olds)
-    return Rewritten(
-        g,
-        frozenset(added),
-        frozenset(changed - removed - added),
-        removed,
-        in_place_of=tuple(places),
+    return replaced_in_place(graph, pairs, _merge_one)
+
+
+def _merge_one(g: Graph, pair: tuple[int, int]) -> Replacement:
+    dgrad, wgrad = pair
+    d, w = g.node(dgrad), g.node(wgrad)
+    mask = w.args[10]
+    name = d.name.removesuffix("_dgrad")
+    merged = g.add_op(
+        name if name != d.name else f"{d.name}_merged",
+        w.op,
+        (*w.args[:10], [True, bool(mask[1]), bool(mask[2])]),
+        outputs=(d.outputs[0], w.outputs[1], w.outputs[2]),
     )
+    relayout = _relayout_of(g, dgrad)
+    grad_in = dgrad if relayout is None else relayout
+    if relayout is not None:  # the merged backward makes eager's layout itself
+        g.restride(merged, (g.node(relayout).outputs[0], *g.node(merged).outputs[1:]))
+    outputs = (
+        (Ref(grad_in, 0), Ref(merged, 0)),
+        *((Ref(wgrad, i), Ref(merged, i)) for i in (1, 2)),
+    )
+    olds = (dgrad, wgrad) if relayout is None else (dgrad, wgrad, relayout)
+    return Replacement(olds, (merged,), outputs)
 
 
 def _relayout_of(graph: Graph, dgrad: int) -> int | None:

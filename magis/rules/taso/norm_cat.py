@@ -22,7 +22,16 @@ import torch
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
-from magis.rules.taso.common import CAT, add_cat, add_slice, cat_dim, contiguous, part_meta
+from magis.rules.taso.common import (
+    CAT,
+    Replacement,
+    add_cat,
+    add_slice,
+    cat_dim,
+    contiguous,
+    part_meta,
+    replaced_in_place,
+)
 
 BN_BACKWARD = "aten.native_batch_norm_backward.default"
 CLONE = "aten.clone.default"
@@ -64,30 +73,16 @@ def bn_backwards_of_cat(ctx: RuleContext) -> list[list[int]]:
 def split_bn_backwards_of_cat(graph: Graph, nids: list[int]) -> Rewritten:
     """Each of `nids` as one batch norm backward per part of its concatenated input, their
     three gradients concatenated back along the channels."""
-    g = graph.copy()
-    added: set[int] = set()
-    changed: set[int] = set()
-    places = []
-    for nid in nids:
-        news, grads = _split_one(g, nid)
-        for i, grad in enumerate(grads):
-            changed.update(g.replace_uses(Ref(nid, i), grad))
-        g.remove_node(nid)
-        added.update(news)
-        places.append(((nid,), tuple(news)))
-    removed = frozenset(nids)
-    return Rewritten(
-        g,
-        frozenset(added),
-        frozenset(changed - removed - added),
-        removed,
-        in_place_of=tuple(places),
-    )
+    return replaced_in_place(graph, nids, _split_one)
 
 
-def _split_one(g: Graph, nid: int) -> tuple[list[int], list[Ref]]:
-    """The new nodes for `nid`, in a valid order, and the refs of its three gradients
-    (input, weight, bias) among them."""
+def _replacing(nid: int, news: list[int], grads: list[Ref]) -> Replacement:
+    return Replacement((nid,), tuple(news), tuple((Ref(nid, i), g) for i, g in enumerate(grads)))
+
+
+def _split_one(g: Graph, nid: int) -> Replacement:
+    """The new nodes for `nid`, in a valid order, its three gradients (input, weight, bias)
+    read from them."""
     node = g.node(nid)
     gy, _, w, rm, rv, mean, invstd, train, eps, mask = node.args
     parts = concatenated_parts(g, nid)
@@ -95,7 +90,7 @@ def _split_one(g: Graph, nid: int) -> tuple[list[int], list[Ref]]:
         new = g.add_op(
             f"{node.name}_of_part", node.op, (gy, parts[0], *node.args[2:]), outputs=node.outputs
         )
-        return [new], [Ref(new, i) for i in range(3)]
+        return _replacing(nid, [new], [Ref(new, i) for i in range(3)])
     news: list[int] = []
     pieces: list[int] = []
     start = 0
@@ -146,7 +141,7 @@ def _split_one(g: Graph, nid: int) -> tuple[list[int], list[Ref]]:
         add_cat(g, f"{node.name}_cat{k}", [Ref(p, k) for p in pieces], dim)
         for k, dim in ((0, 1), (1, 0), (2, 0))
     ]
-    return [*news, *wholes], [Ref(w) for w in wholes]
+    return _replacing(nid, [*news, *wholes], [Ref(w) for w in wholes])
 
 
 def _channel_view(g: Graph, ref, dim: int, bounds: tuple[int, int], name: str, news: list[int]):
