@@ -79,9 +79,7 @@ class ConcurrentStrategy(ParallelStrategy):
             wid, state, moves = popped
             if moves is None:
                 state = self.reanalysed(core, pool, state)  # waits on its worker if busy
-                moves = PendingMoves(
-                    pool.states.sid_for(state), state.nodes, core.ranking.relaxing()
-                )
+                moves = PendingMoves(pool.states.sid_for(state), state.nodes)
             jobs[wid] = _Job(state, moves)
 
     def _advance(self, core: SearchCore, pool: ParallelChildren, job: _Job, out: Outcome) -> bool:

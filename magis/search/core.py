@@ -226,7 +226,7 @@ class SearchCore:
             state = self.reanalysed(state)
             ctx = self.evaluator.context(state, self.options.hotspots_only, self.objective)
             wants = self.objective.wants_memory(state)
-            moves = self.evaluator.moves(state, self.rules, ctx, wants, self.ranking.relaxing())
+            moves = self.evaluator.moves(state, self.rules, ctx, wants, self.objective)
         evaluated = 0
         for name, make_child in moves:
             if self.out_of_budget():

@@ -47,9 +47,6 @@ class Task:
     trees: tuple
     drop: tuple[Sid, ...]
     batch: Batch | None = None
-    # The latency limit its children are relaxed under when over it (`QueueOrder.relaxing`,
-    # as of the state's pop); None: the search's objective.
-    relaxing: Objective | None = None
 
     def answer(self, worker: Worker) -> list[Outcome]:
         return worker.evaluate(self)

@@ -115,7 +115,7 @@ class ParallelStrategy:
         pool = self.pool_for(core)
         if moves is None:
             state = self.reanalysed(core, pool, state)
-            moves = PendingMoves(pool.states.sid_for(state), state.nodes, core.ranking.relaxing())
+            moves = PendingMoves(pool.states.sid_for(state), state.nodes)
         evaluated = 0
         width = core.options.expansion_width
         while True:

@@ -25,7 +25,7 @@ from magis.search.messages import (
     WorkerCall,
 )
 from magis.search.pickling import dumps, loads
-from magis.search.state import MState, Objective
+from magis.search.state import MState
 from magis.search.transport import LocalWorkers, RayWorkers, WorkerError
 
 
@@ -37,7 +37,6 @@ class PendingMoves:
 
     sid: Sid
     nodes: int  # the state's size: what moving it to another worker costs
-    relaxing: Objective | None = None  # what its children are relaxed under, as of the pop
     cursor: int = 0
     next_index: int = 0
     outcomes: dict[int, Outcome] = field(default_factory=dict)
@@ -247,7 +246,6 @@ class ParallelChildren:
             tuple(self.tree_log[trees_at:]),
             self.states.take_drops(wid),
             batch,
-            moves.relaxing,
         )
         self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
         with deferred_interrupt():

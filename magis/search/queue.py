@@ -154,17 +154,6 @@ class QueueOrder:
         self._raise(progress)
         return True
 
-    def relaxing(self) -> Objective:
-        """The latency limit a popped state's children are relaxed under when they are over it
-        (`Evaluator.repaired`): a latency-limit search's own limit; a memory-limit search's
-        cap, which its children must be under to rank by memory. Without it, a memory-limit
-        search's swaps and recomputations each cost their time for good: Whisper under 0.4
-        explored 6,400 states and came no nearer than 0.416 of the peak under 1.10x, where
-        the latency-limit search at 1.10, swapping and relaxing in turn, reached 0.306."""
-        if self._latency_mode:
-            return self.objective
-        return Objective(Mode.LATENCY_LIMIT, self.cap)
-
     @property
     def tightening(self) -> bool:
         """Memory-limit mode after a plan met the limit (module docstring)."""

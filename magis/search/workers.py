@@ -21,7 +21,7 @@ from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
 from magis.search.initial import INITIAL_SID, search_start
 from magis.search.messages import Outcome, Reanalyse, Sid, Summary, Task, WorkerCall
 from magis.search.pickling import dumps, loads
-from magis.search.state import MState, Objective
+from magis.search.state import MState
 
 # --- the worker side ---------------------------------------------------------------------------
 
@@ -87,7 +87,7 @@ class ChildWorker:
         children = 0
         while True:
             begun = time.perf_counter()
-            out = self._evaluate(task.sid, task.index + len(outcomes), task.relaxing)
+            out = self._evaluate(task.sid, task.index + len(outcomes))
             outcomes.append(replace(out, seconds=time.perf_counter() - begun))
             children += out.child is not None
             if batch is None or out.name is None or len(outcomes) >= batch.moves:
@@ -99,8 +99,8 @@ class ChildWorker:
         outcomes[0] = replace(outcomes[0], load_seconds=load_seconds)
         return outcomes
 
-    def _evaluate(self, sid: Sid, index: int, relaxing: Objective | None) -> Outcome:
-        move = self._move(sid, index, relaxing)
+    def _evaluate(self, sid: Sid, index: int) -> Outcome:
+        move = self._move(sid, index)
         if move is None:
             return Outcome(index, None)
         name, make_child = move
@@ -129,10 +129,10 @@ class ChildWorker:
             spent,
         )
 
-    def _move(self, sid: Sid, index: int, relaxing: Objective | None):
+    def _move(self, sid: Sid, index: int):
         """Move `index` of the state's stream (the serial search's `Evaluator.moves`), which
         this worker walks forward only: the main process gives each worker rising indices."""
-        stream, position = self.streams.get(sid) or (self._stream(sid, relaxing), 0)
+        stream, position = self.streams.get(sid) or (self._stream(sid), 0)
         move = None
         while position <= index:
             move = next(stream, None)
@@ -142,11 +142,11 @@ class ChildWorker:
         self.streams[sid] = (stream, position)
         return move
 
-    def _stream(self, sid: Sid, relaxing: Objective | None) -> Iterator:
+    def _stream(self, sid: Sid) -> Iterator:
         state = self.states[sid]
         ctx = self.evaluator.context(state, self.hotspots_only, self.objective)
         wants = self.objective.wants_memory(state)
-        return self.evaluator.moves(state, self.rules, ctx, wants, relaxing or self.objective)
+        return self.evaluator.moves(state, self.rules, ctx, wants, self.objective)
 
     def handle(self, call: WorkerCall) -> Any:
         """Answer one request of the main process."""

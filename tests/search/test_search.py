@@ -160,19 +160,6 @@ def test_a_tightened_cap_that_stalls_goes_halfway_back_to_the_plan_it_is_below()
     assert order.observe(S(39, 1.015), progress) and order.cap == pytest.approx(0.99)
 
 
-def test_children_are_relaxed_under_the_latency_limit_or_the_memory_searchs_cap():
-    """`QueueOrder.relaxing`: what `Evaluator.repaired` relaxes a child over (its latency
-    limit, or a memory-limit search's cap, which moves with it)."""
-    from magis.search.queue import QueueOrder
-
-    lat = Objective(Mode.LATENCY_LIMIT, 1.1)
-    assert QueueOrder(lat, initial_latency=1.0, delta=1.1).relaxing() == lat
-    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
-    assert order.relaxing() == Objective(Mode.LATENCY_LIMIT, order.cap)
-    order.cap = 1.2
-    assert order.relaxing() == Objective(Mode.LATENCY_LIMIT, 1.2)
-
-
 def test_latency_limited_queue_pops_the_best_state_every_other_time_while_it_sweeps():
     """The sweep ranks cheap savings first, but the best state (a peer's plan near the limit)
     is not kept waiting for it: every other pop is by BetterThan until the cap is the limit."""
