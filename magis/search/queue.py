@@ -35,12 +35,6 @@ one step above the initial latency.
   (0.255 of the peak); and the search's own whole-step split of Qwen2's FSDP step in 8, met
   at 1.83x and tightened at once, kept the search below 1.36x for its last 45 s, where the
   cheap line (the loss block in 8, a min cut, a swap) meets the limit at 1.19x.
-  A cap one step below the plan can be out of reach: Whisper under 0.4 met the limit at
-  1.105x (0.294 of the peak) and spent the rest of its 60 s under a cap of 1.08x, where the
-  latency-limit search at 1.10 finds 0.291 at 1.0996x. So while tightening, when the frontier
-  under the cap is not falling fast enough to reach the limit in the time left (the pace test
-  of the rise), the cap goes halfway back up to the fastest plan that met the limit: a
-  bisection of the latency between the two, down to CAP_STEP * LOOSEN_FLOOR.
 - Latency-limit mode: the cap sweeps up to the limit in even steps over the first
   LATENCY_SWEEP of the budget. After that the cap is the limit itself. While it sweeps, every
   other pop takes the best state by BetterThan, as while tightening: the best state (a
@@ -64,7 +58,6 @@ from magis.search.state import Mode, MState, Objective
 CAP_STEP = 0.025  # of the initial latency, per raise
 CAP_WINDOW = 0.1  # of the progress: how far back the frontier's pace is measured
 CAP_LOOKAHEAD = 2  # steps above the cap whose states are still kept (a later raise expands them)
-LOOSEN_FLOOR = 0.125  # of a step: the closest a loosened cap comes to the plan it is below
 LATENCY_SWEEP = 0.5  # of the progress: when the latency-limit search's cap reaches the limit
 WARM_START_PREFIX = "warm-start:"  # a warm start's history: this and the method's name
 
@@ -87,7 +80,6 @@ class QueueOrder:
     )  # (progress, frontier)
     _seen: list[tuple[float, int]] = field(default_factory=list, init=False)  # (latency, memory)
     _met_above: float = field(default=math.inf, init=False)  # a warm start above the cap
-    _met: float = field(default=math.inf, init=False)  # tightening: the fastest plan that met
 
     def __post_init__(self) -> None:
         self.cap = self.initial_latency * (1 + CAP_STEP)
@@ -134,12 +126,11 @@ class QueueOrder:
         if not self.capped:
             return False
         if not self._latency_mode and self.objective.satisfied(s):
+            if self._tightening and s.latency > self.cap:
+                return False  # not faster than the plan the cap is below
             if s.latency <= self.cap:
-                self._tighten(s.latency, progress)
+                self._tighten(s.latency)
                 return True
-            if self._tightening:  # faster than the plan the cap is below by less than a step
-                self._met = min(self._met, s.latency)
-                return self._loosened(progress)
             self._met_above = min(self._met_above, s.latency)  # tightens when the cap is there
         if self._latency_mode and not self.objective.satisfied(s):
             return False
@@ -147,9 +138,7 @@ class QueueOrder:
         if s.latency <= self.cap and s.memory < self._frontier:
             self._frontier = s.memory
             self._pace.append((progress, s.memory))
-        if self._tightening:
-            return self._loosened(progress)
-        if not self._raise_due(progress):
+        if self._tightening or not self._raise_due(progress):
             return False
         self._raise(progress)
         return True
@@ -197,39 +186,25 @@ class QueueOrder:
 
     def _raise(self, progress: float) -> None:
         self._raises += 1
-        cap = self.initial_latency * (1 + CAP_STEP * (self._raises + 1))
-        if self._latency_mode and cap >= self.objective.limit * (1 - 1e-9):
-            self.cap, self._last_raise = cap, progress
+        self.cap = self.initial_latency * (1 + CAP_STEP * (self._raises + 1))
+        self._last_raise = progress
+        if self._latency_mode and self.cap >= self.objective.limit * (1 - 1e-9):
             self._done = True  # the cap is the limit: the objective's own order
-        elif self._met_above <= cap:
-            self._tighten(self._met_above, progress)
-        else:
-            self._cap_at(cap, progress)
+            return
+        if self._met_above <= self.cap:
+            self._tighten(self._met_above)
+            return
+        reachable = self._seen[: bisect.bisect_right(self._seen, (self.cap, math.inf))]
+        self._frontier = min((m for _, m in reachable), default=math.inf)
+        self._pace.append((progress, self._frontier))
 
-    def _tighten(self, latency: float, progress: float) -> None:
+    def _tighten(self, latency: float) -> None:
         """The cap one step below a plan that meets the memory limit; the frontier is the
         lowest memory seen under it."""
         self._tightening = True
-        self._met = latency
-        self._cap_at(latency - self._step, progress)
-
-    def _loosened(self, progress: float) -> bool:
-        """While tightening: the cap halfway up to the fastest plan that met the limit when
-        the frontier under it stalls (module docstring); True when it moved."""
-        gap = self._met - self.cap
-        if gap < LOOSEN_FLOOR * self._step or not self._raise_due(progress):
-            return False
-        self._cap_at(self.cap + gap / 2, progress)
-        return True
-
-    def _cap_at(self, cap: float, progress: float) -> None:
-        """The cap moved to `cap` at `progress`: the frontier is the lowest memory seen under
-        it, and its pace is measured from here."""
-        self.cap = cap
-        self._last_raise = progress
-        reachable = self._seen[: bisect.bisect_right(self._seen, (cap, math.inf))]
+        self.cap = latency - self._step
+        reachable = self._seen[: bisect.bisect_right(self._seen, (self.cap, math.inf))]
         self._frontier = min((m for _, m in reachable), default=math.inf)
-        self._pace.append((progress, self._frontier))
 
 
 class SearchQueue:

@@ -111,9 +111,7 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert order.key(S(40, 1.04)) < order.key(S(45, 1.5))  # above it, BetterThan
     assert order.worth_pushing(S(60, 1.01), best=S(40, 1.04))
     assert not order.worth_pushing(S(60, 1.03), best=S(40, 1.04))  # over the cap and the limit
-    # meets the limit, faster by less than a step; nothing under the cap came nearer the limit
-    # in a window: the cap goes halfway up to it (`QueueOrder._loosened`)
-    assert order.observe(S(40, 1.03), 0.6) and order.cap == pytest.approx(1.0225)
+    assert not order.observe(S(40, 1.03), 0.6)  # meets the limit, but not faster by a step
     assert order.observe(S(39, 1.01), 0.7) and order.cap == pytest.approx(1.01 - CAP_STEP)
     queue = SearchQueue(order)  # while tightening, every other pop is by BetterThan
     for st in (S(60, 0.97), S(39, 1.0), S(38, 1.02), S(70, 0.96)):
@@ -127,37 +125,6 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert not lat.observe(cheap, 0.1) and lat.observe(cheap, 0.2)  # 3 raises in half the budget
     assert lat.observe(cheap, 0.34) and lat.observe(cheap, 0.5) and not lat.capped
     assert lat.key(dear) == lat.objective.key(dear) < lat.key(cheap)
-
-
-def test_a_tightened_cap_that_stalls_goes_halfway_back_to_the_plan_it_is_below():
-    """Whisper under memory 0.4 met the limit at 1.105x and spent its search under a cap of
-    1.08x that nothing there could meet; the cap now bisects the latency between the two
-    while the frontier under it is too slow to reach the limit in the time left."""
-    from dataclasses import dataclass
-
-    from magis.search.queue import CAP_STEP, CAP_WINDOW, LOOSEN_FLOOR, QueueOrder
-
-    @dataclass
-    class S:
-        memory: int
-        latency: float
-
-    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
-    order.observe(S(100, 1.0), 0.0)
-    assert order.observe(S(40, 1.02), 0.1) and order.tightening
-    assert order.cap == pytest.approx(1.02 - CAP_STEP)
-    assert not order.observe(S(70, 0.99), 0.15)  # too soon to judge the pace
-    assert not order.observe(S(50, 0.99), 0.1 + CAP_WINDOW)  # 70 -> 50 in a window: in time
-    caps = [order.cap]
-    progress = 0.1 + CAP_WINDOW
-    while order.observe(S(50, 0.99), progress := progress + 1.5 * CAP_WINDOW):
-        caps.append(order.cap)  # stalled at 50: halfway up to 1.02 each window
-    gaps = [1.02 - c for c in caps]
-    assert len(caps) > 2 and all(b == pytest.approx(a / 2) for a, b in itertools.pairwise(gaps))
-    assert gaps[-1] < LOOSEN_FLOOR * CAP_STEP <= 2 * gaps[-1] + 1e-12  # the floor stops it
-    assert order.tightening and order.key(S(45, caps[-1])) < order.key(S(40, 1.02))
-    # a plan that meets the limit under the loosened cap tightens a step below it again
-    assert order.observe(S(39, 1.015), progress) and order.cap == pytest.approx(0.99)
 
 
 def test_latency_limited_queue_pops_the_best_state_every_other_time_while_it_sweeps():
