@@ -250,11 +250,9 @@ class Evaluator:
             return child
         ctx = self.context(child, True, objective)  # a latency limit's ceiling: child's peak
         excess = child.latency - objective.limit
-        try:
-            rewrite = self.timed("transform", relaxation_at_peak, ctx, excess, parent)
-        except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
-            self.failed(RELAX.name, exc)
-            return child
+        rewrite = self.unless_failed(
+            RELAX.name, None, self.timed, "transform", relaxation_at_peak, ctx, excess, parent
+        )
         if rewrite is None:
             return child
         relaxed = self.child(child, rewrite)
@@ -263,11 +261,7 @@ class Evaluator:
     def fission_child(self, state: MState, build_tree, name: str) -> MState | None:
         """`_fission_child`, or None when it raises (`failed`), as a rule's child is dropped:
         one broken split must not end a user's search."""
-        try:
-            return self._fission_child(state, build_tree, name)
-        except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
-            self.failed(name, exc)
-            return None
+        return self.unless_failed(name, None, self._fission_child, state, build_tree, name)
 
     def _fission_child(self, state: MState, build_tree, name: str) -> MState | None:
         """Materialize the mutated F-Tree on the lineage's base graph: its program order is the
@@ -347,11 +341,16 @@ class Evaluator:
         """Build a rule's rewrite, skip it when its graph was seen, else schedule and simulate
         it. Any rule other than an F-Tree mutation ends the lineage's fission moves. A rewrite
         that raises is dropped (`failed`): one broken child must not end a user's search."""
+        return self.unless_failed(rewrite.rule, None, self._child, state, rewrite)
+
+    def unless_failed(self, rule: str, fallback, fn: Callable, *args):
+        """`fn(*args)`, or `fallback` when it raises: counted and warned about under `rule`
+        (`failed`)."""
         try:
-            return self._child(state, rewrite)
+            return fn(*args)
         except Exception as exc:  # noqa: BLE001 - counted and warned about, never silent
-            self.failed(rewrite.rule, exc)
-            return None
+            self.failed(rule, exc)
+            return fallback
 
     def failed(self, rule: str, exc: Exception) -> None:
         """A child of `rule` raised while it was built: counted, and warned about the first
