@@ -30,7 +30,7 @@ from magis.ir import DerivedKey, Graph, Ref
 from magis.ir.ops import LOAD_OP
 from magis.ir.storage import StorageMap
 from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
-from magis.rules.duplicates import DuplicateScan, recompute_call
+from magis.rules.duplicates import copies_in_order, recompute_call
 from magis.rules.remat import merge_into
 from magis.rules.swap import is_swap_load, unswap_all_into
 from magis.sim.tables import node_times, tables
@@ -74,21 +74,7 @@ def recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
 
 
 def _recomputed_copies(ctx: RuleContext) -> list[tuple[int, int]]:
-    graph = ctx.graph
-    same: dict[Ref, Ref] = {}  # a copy's outputs (and views of them) -> the original's
-    scan = DuplicateScan(graph, same)
-    pairs = []
-    for nid in ctx.order:
-        if nid in ctx.frozen:
-            continue
-        original = scan.first_alike(nid, _recomputable)
-        if original == nid:
-            continue
-        for i in range(len(graph.node(nid).outputs)):
-            same[Ref(nid, i)] = Ref(original, i)
-        if not graph.info(nid).is_view:
-            pairs.append((original, nid))
-    return pairs
+    return copies_in_order(ctx.graph, ctx.position, ctx.frozen, _recomputable)
 
 
 def recompute_undos(
