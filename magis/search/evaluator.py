@@ -38,7 +38,7 @@ from magis.search.hashing import graph_hash, wl_hash_incremental
 from magis.search.options import MemoryFigure
 from magis.search.reschedule import reschedule
 from magis.search.state import Mode, MState, Objective
-from magis.search.symmetry import MoveSignatures
+from magis.search.symmetry import MoveSignatures, derive_node_names
 from magis.sim import SimResult, derive_facts, simulate, tables
 
 Move = tuple[str, Callable[[], MState | None]]  # (rule name, lazy child)
@@ -402,6 +402,7 @@ class Evaluator:
             result.added | changed,
             result.removed,
         )
+        derive_node_names(state.graph, result.graph, result.added | changed, result.removed)
         order = tuple(
             self.timed(
                 "schedule",

@@ -24,21 +24,43 @@ may take two different graphs for one.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from magis.ir import DerivedKey, Graph
+from magis.ir.storage import Layered
 from magis.rules import Rewrite
 from magis.search.hashing import neighbours
 
 RING = 4  # hops around a named node whose labels make its part of a signature
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_NAMES: DerivedKey[dict[str, int]] = DerivedKey("search.node_names")
+_NAMES: DerivedKey[Layered[str, int]] = DerivedKey("search.node_names")
 
 
-def node_names(graph: Graph) -> dict[str, int]:
-    """name -> node id, kept with the graph version (built once per state expanded)."""
-    return graph.derived(_NAMES, lambda: {n.name: nid for nid, n in graph.nodes.items()})
+def node_names(graph: Graph) -> Mapping[str, int]:
+    """name -> node id, kept with the graph version (built once per state expanded, unless
+    derived from its parent's: `derive_node_names`)."""
+    return graph.derived(_NAMES, lambda: Layered({n.name: nid for nid, n in graph.nodes.items()}))
+
+
+def derive_node_names(
+    parent: Graph, child: Graph, touched: Collection[int], removed: Collection[int]
+) -> None:
+    """Install on `child` (`parent` with `touched` nodes added or replaced and `removed` ones
+    gone) its names, from the parent's when it has them: a 100,000-node step's names took
+    40 ms to build for every state expanded."""
+    names = parent.known(_NAMES)
+    if names is None:
+        return
+    draft = names.draft()
+    for n in (*removed, *touched):
+        if n in parent and (name := parent.node(n).name) in draft and draft[name] == n:
+            draft.pop(name)
+    for n in touched:
+        if n in child:
+            draft[child.node(n).name] = n
+    derived = draft.done()
+    child.derived(_NAMES, lambda: derived)
 
 
 class MoveSignatures:

@@ -80,3 +80,31 @@ def test_the_search_skips_and_counts_the_mirrors():
     described = [name for name, _ in evaluator.moves(state, default_rules(), ctx)]
     assert evaluator.stats.mirrored >= 3
     assert len(described) >= 10
+
+
+def test_a_childs_node_names_derived_from_its_parents_are_the_ones_built_afresh():
+    """Down a line of rewritten children of a split state (each child's names derived from its
+    parent's as the evaluator does), every name maps to the node of that name, as a fresh
+    build of the child's names does."""
+    from magis.search.symmetry import _NAMES, node_names
+
+    cost = get_cost_model("rtx3090")
+    state = _split_state(cost)
+    evaluator = Evaluator(cost, seen={state.hash.value})
+    rules = set()
+    for _ in range(6):
+        node_names(state.graph)  # the parent's, as expanding a state builds them
+        ctx = RuleContext(state.graph, state.order, state.sim, state.frozen)
+        moves = evaluator.moves(state, default_rules(), ctx)
+        child = next(
+            c
+            for name, make in moves
+            if not name.startswith("fission:") and (c := make()) is not None
+        )
+        derived = child.graph.known(_NAMES)
+        assert derived is not None
+        fresh = {n.name: nid for nid, n in child.graph.nodes.items()}
+        assert dict(derived.items()) == fresh
+        rules.add(child.history[-1])
+        state = child
+    assert len(rules) > 1, rules
