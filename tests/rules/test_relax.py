@@ -2,6 +2,7 @@
 undone in one child. Its children run and match eager PyTorch, its estimate of the room is
 kept, and it gives time back."""
 
+import random
 from dataclasses import replace
 
 import numpy as np
@@ -21,6 +22,7 @@ from magis.ir.trail import DecisionKind
 from magis.rules import RELAX, REMAT, REMAT_TO_SWAP, SWAP, RuleContext
 from magis.rules.duplicates import duplicate_key, recompute_call, recomputed_pairs
 from magis.rules.relax import Undo, fitting, recomputed_copies
+from magis.schedule.random_graphs import random_topological_order
 from magis.schedule.swaps import time_swaps
 from magis.search.decisions import rewrite_decision
 from magis.search.reschedule import order_without_solving
@@ -137,26 +139,6 @@ def test_the_scan_that_keys_only_alike_nodes_finds_every_pair(bert_tiny):
     assert len(recomputed_copies(ctx)) > len(recomputed_pairs(ctx)) > 0
 
 
-def _shuffled_schedule(graph, seed):
-    """A valid schedule of `graph` other than its program order: Kahn's algorithm taking a
-    random ready node each time (readers of a copy may then run before the original's)."""
-    import random
-
-    rng = random.Random(seed)
-    waiting = {n: len(set(graph.predecessors(n))) for n in graph.nodes}
-    ready = [n for n, k in waiting.items() if k == 0]
-    order = []
-    while ready:
-        n = ready.pop(rng.randrange(len(ready)))
-        order.append(n)
-        for u in set(graph.successors(n)):
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                ready.append(u)
-    assert graph.is_valid_schedule(order)
-    return order
-
-
 def test_the_copies_read_from_the_index_are_the_whole_scans_in_any_schedule(bert_tiny):
     """Relaxation's recomputed copies read from the duplicate index (only the nodes that can
     be copies or originals given to the scan) are the ones building every node's key finds,
@@ -171,7 +153,7 @@ def test_the_copies_read_from_the_index_are_the_whole_scans_in_any_schedule(bert
         res, order = _apply(graph, order, rewrite)
         graph = res.graph
         frozen = frozenset(order[len(order) // 3 : len(order) // 2])
-        for schedule in (order, _shuffled_schedule(graph, step)):
+        for schedule in (order, random_topological_order(graph, random.Random(step))):
             for held in (frozenset(), frozen):
                 ctx = replace(_context(graph, schedule), frozen=held)
                 want = _every_key_built(graph, schedule, same={}, frozen=held)
