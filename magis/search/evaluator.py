@@ -371,13 +371,14 @@ class Evaluator:
         if metas is None:
             return None
         changed = result.changed | metas.restrided
+        touched = result.added | changed  # every node whose Node object is not the parent's
         h = self.timed(
             "hash",
             wl_hash_incremental,
             state.hash,
             state.graph,
             result.graph,
-            result.added | changed,
+            touched,
             result.removed,
         )
         if not self.is_new(h.value):
@@ -394,15 +395,8 @@ class Evaluator:
             result.removed,
             self.cost,
         )
-        self.timed(
-            "transform",
-            derive_duplicate_index,
-            state.graph,
-            result.graph,
-            result.added | changed,
-            result.removed,
-        )
-        derive_node_names(state.graph, result.graph, result.added | changed, result.removed)
+        for derive in (derive_duplicate_index, derive_node_names):
+            self.timed("transform", derive, state.graph, result.graph, touched, result.removed)
         order = tuple(
             self.timed(
                 "schedule",
