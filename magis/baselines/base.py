@@ -77,12 +77,26 @@ class Baseline:
     are expensive), each a `BaselinePoint` or a `Failure`. A method that solves for one
     constraint (an exact model) also has `solve(graph, cost, target, seconds)`, which the
     search's warm starts call with the search's own constraint and the seconds they can spare
-    (None: no clock; the method must then give the same plan on every run)."""
+    (None: no clock; the method must then give the same plan on every run).
+
+    A method whose one point may take minutes on a large graph (the budget walks of XLA and
+    DTR: a minute a budget at 100,000 nodes) takes a `deadline` in `points` and stops within
+    a point (`stops_within_points`); `sweep` passes it where it is taken."""
 
     name: str
     description: str
-    points: Callable[[Graph, CostModel], Iterable[Outcome]]
+    points: Callable[..., Iterable[Outcome]]
     solve: Callable[[Graph, CostModel, Target, float | None], Outcome] | None = None
+    stops_within_points: bool = False
+
+    def sweep(
+        self, graph: Graph, cost: CostModel, deadline: float | None = None
+    ) -> Iterable[Outcome]:
+        """`points`, told `deadline` (`time.perf_counter()`) where the method stops within a
+        point; the caller stops between points (`magis.commands.warm_start.best_point`)."""
+        if self.stops_within_points:
+            return self.points(graph, cost, deadline=deadline)
+        return self.points(graph, cost)
 
 
 def point(

@@ -32,6 +32,7 @@ on, before the eviction), so a run that succeeds has a simulated peak within the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -54,6 +55,10 @@ MAX_RECOMPUTE_FACTOR = 50
 
 class BudgetFailure(Exception):
     """The run cannot keep within its budget (internal: becomes a `Failure`)."""
+
+
+class BudgetTimeout(BudgetFailure):
+    """The run passed its deadline (internal: ends the sweep with a `Failure`)."""
 
 
 class BudgetMismatchError(MagisError):
@@ -198,11 +203,19 @@ class Policy(Protocol):
 class BudgetRun:
     """One run of the program under `budget` bytes (see the module docstring)."""
 
-    def __init__(self, tables: BudgetTables, budget: int, policy: Policy, max_factor: int) -> None:
+    def __init__(
+        self,
+        tables: BudgetTables,
+        budget: int,
+        policy: Policy,
+        max_factor: int,
+        deadline: float | None = None,
+    ) -> None:
         n = len(tables.storages)
         self.t = tables
         self.budget = budget
         self.policy = policy
+        self.deadline = deadline  # time.perf_counter() at which the run gives up
         self.max_recomputes = max_factor * max(tables.program_ops, 1)
         self.live = np.zeros(n, dtype=bool)
         self.remaining = tables.readers.copy()  # reads still to come in the program
@@ -307,6 +320,10 @@ class BudgetRun:
             )
 
     def _execute(self, nid: int, recompute: bool) -> None:
+        # Checked at every op run, recomputations included: one budget of a 100,000-node
+        # program takes XLA's policy a minute (a thrashing DTR run, more).
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise BudgetTimeout(f"out of time at {self.t.graph.node(nid).name}")
         t = self.t
         makes = t.node_makes[nid]
         for s in makes:
@@ -449,15 +466,20 @@ def budget_sweep(
     make_policy: Callable[[BudgetTables], Policy],
     ratios: Sequence[float] = DEFAULT_RATIOS,
     max_factor: int = MAX_RECOMPUTE_FACTOR,
+    deadline: float | None = None,
 ) -> Iterator[Outcome]:
-    """One point (or `Failure`) per budget, a fraction of the program-order peak."""
+    """One point (or `Failure`) per budget, a fraction of the program-order peak; a run still
+    going at `deadline` (`time.perf_counter()`) is a `Failure` and ends the sweep."""
     base = simulate(graph, graph.program_order(), cost)
     tables = BudgetTables.build(graph, cost)
     for ratio in ratios:
         budget = int(ratio * base.peak_bytes)
         params = {"budget": ratio}
         try:
-            run = BudgetRun(tables, budget, make_policy(tables), max_factor).run()
+            run = BudgetRun(tables, budget, make_policy(tables), max_factor, deadline).run()
+        except BudgetTimeout as why:
+            yield Failure(method, f"budget {ratio:g} ({_gib(budget)}): {why}", params)
+            return
         except BudgetFailure as why:
             yield Failure(method, f"budget {ratio:g} ({_gib(budget)}): {why}", params)
             continue

@@ -122,11 +122,17 @@ class DTRPolicy:
 
 
 def dtr_points(
-    graph: Graph, cost: CostModel, options: DTROptions = DTROptions()
+    graph: Graph,
+    cost: CostModel,
+    options: DTROptions = DTROptions(),
+    deadline: float | None = None,
 ) -> Iterator[Outcome]:
-    """DTR at every budget of `options.ratios` (fractions of the program-order peak)."""
+    """DTR at every budget of `options.ratios` (fractions of the program-order peak), until
+    `deadline` (`time.perf_counter()`, None: none)."""
     make = partial(DTRPolicy, max_exact=options.max_exact)
-    yield from budget_sweep("dtr", graph, cost, make, options.ratios, options.max_recompute_factor)
+    yield from budget_sweep(
+        "dtr", graph, cost, make, options.ratios, options.max_recompute_factor, deadline
+    )
 
 
 def dtr_at(graph: Graph, cost: CostModel, ratios: Sequence[float]) -> list[Outcome]:
@@ -138,4 +144,5 @@ DTR = Baseline(
     "dtr",
     "Dynamic Tensor Rematerialization: evict by h_DTR^eq, recompute on demand (Kirisame+ 2021)",
     dtr_points,
+    stops_within_points=True,
 )

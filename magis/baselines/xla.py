@@ -165,15 +165,18 @@ class XLAPolicy:
 
 
 def xla_points(
-    graph: Graph, cost: CostModel, options: XLAOptions = XLAOptions()
+    graph: Graph,
+    cost: CostModel,
+    options: XLAOptions = XLAOptions(),
+    deadline: float | None = None,
 ) -> Iterator[Outcome]:
     """XLA-style re-materialization at every budget of `options.ratios` (fractions of the
-    program-order peak)."""
+    program-order peak), until `deadline` (`time.perf_counter()`, None: none)."""
     make = partial(
         XLAPolicy, max_exact=options.max_exact, block_size_limit=options.block_size_limit
     )
     yield from budget_sweep(
-        "xla-remat", graph, cost, make, options.ratios, options.max_recompute_factor
+        "xla-remat", graph, cost, make, options.ratios, options.max_recompute_factor, deadline
     )
 
 
@@ -181,4 +184,5 @@ XLA_REMAT = Baseline(
     "xla-remat",
     "XLA HloRematerialization: greedy cheapest-per-byte remat under a memory limit",
     xla_points,
+    stops_within_points=True,
 )

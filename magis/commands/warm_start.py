@@ -102,7 +102,7 @@ def _chosen(
     """The method's best point under `objective`: solved for it where the method can
     (`Baseline.solve`), else the best of its sweep (`best_point`)."""
     if baseline.solve is None:
-        return best_point(baseline.points(graph, cost), objective, deadline)
+        return best_point(baseline.sweep(graph, cost, deadline), objective, deadline)
     seconds = None if deadline is None else deadline - time.perf_counter()
     if seconds is not None and seconds < MIN_SOLVE_S:
         return None

@@ -1,6 +1,8 @@
 """DTR and XLA-style re-materialization: the programs they emit run on real tensors, compute what
 eager PyTorch computes, and peak where the simulator says, within their budgets."""
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -17,8 +19,8 @@ from magis.rules.recompute_trace import trace_graph
 from magis.sim import simulate
 
 METHODS = {
-    "dtr": lambda g, c, r: dtr_points(g, c, DTROptions(ratios=r)),
-    "xla-remat": lambda g, c, r: xla_points(g, c, XLAOptions(ratios=r)),
+    "dtr": lambda g, c, r, **kw: dtr_points(g, c, DTROptions(ratios=r), **kw),
+    "xla-remat": lambda g, c, r, **kw: xla_points(g, c, XLAOptions(ratios=r), **kw),
 }
 
 
@@ -123,6 +125,22 @@ def test_unreachable_budget_is_a_failure(method, deep_mlp):
     assert isinstance(out, Failure)
     assert out.method == method and out.params == {"budget": 0.02}
     assert "budget 0.02" in out.reason
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_run_past_its_deadline_stops_within_its_point_and_ends_the_sweep(method, deep_mlp):
+    """A budget of a 100,000-node program takes a minute: the warm starts' share must hold."""
+    cost = get_cost_model("rtx3090")
+    past = time.perf_counter() - 1.0
+    outs = list(METHODS[method](deep_mlp.graph, cost, (0.5, 0.7), deadline=past))
+    assert len(outs) == 1 and isinstance(outs[0], Failure), outs
+    assert outs[0].params == {"budget": 0.5} and "out of time" in outs[0].reason
+    # `Baseline.sweep` hands the deadline over; far enough, the sweep is the whole one.
+    assert get_baseline(method).stops_within_points
+    later = time.perf_counter() + 600.0
+    swept = get_baseline(method).sweep(deep_mlp.graph, cost, deadline=later)
+    whole = get_baseline(method).points(deep_mlp.graph, cost)
+    assert [type(o) for o in swept] == [type(o) for o in whole]
 
 
 @pytest.mark.parametrize("method", METHODS)
