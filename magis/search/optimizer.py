@@ -21,6 +21,7 @@ the child's schedule in `reschedule.py`, the queue order in `queue.py`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from magis.cost import CostModel
@@ -84,6 +85,7 @@ def optimize_graph(
     `workers`: the worker processes of `options.workers` > 1, when the caller started them
     early (`start_search_workers`, so that they boot while it does other work); else they
     are started here."""
+    clock_start = time.perf_counter()
     options = options if options is not None else SearchOptions()
     if workers is None and options.workers > 1:
         workers = start_search_workers(cost, options, objective, graph)
@@ -91,7 +93,9 @@ def optimize_graph(
     try:
         with search_pace() as settle:
             begun = strategy.initial_start(cost)  # built by a worker while the peers ran
-            core = SearchCore.start(graph, cost, objective, options, on_improvement, begun, settle)
+            core = SearchCore.start(
+                graph, cost, objective, options, on_improvement, begun, settle, clock_start
+            )
             for warm in warm_starts:
                 core.add_warm_start(warm)
             interrupted = False
