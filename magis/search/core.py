@@ -136,6 +136,8 @@ class SearchCore:
     improvements: list[Improvement] = field(default_factory=list)
     settle: Callable[[], None] = lambda: None  # after each child built here (`search_pace`)
     fission_cost: FissionCost = field(default_factory=lambda: FissionCost(0.0))
+    # a state neither queued nor parked nor the best (a worker then drops its copy)
+    discard: Callable[[MState | Summary], None] = lambda state: None
 
     @staticmethod
     def start(
@@ -304,9 +306,20 @@ class SearchCore:
             self._improvement(name)
         if self.ranking.worth_pushing(child, self.best):
             self.queue.push(child)
+        elif not (self.ranking.parks(child) and self.queue.park(child)) and not improved:
+            self.discard(child)
         if self.ranking.observe(child, self.budget.progress(self.stats.states_explored)):
             self.queue.rekey()
+            self._unpark()
         return improved
+
+    def _unpark(self) -> None:
+        """Parked states the raised cap now reaches are judged as if they had just arrived."""
+        for state in self.queue.unpark(self.ranking.reach):
+            if self.ranking.worth_pushing(state, self.best):
+                self.queue.push(state)
+            elif state is not self.best:
+                self.discard(state)
 
     def _improvement(self, rule: str) -> None:
         imp = Improvement(self.budget.elapsed(), self.best.memory, self.best.latency, rule)

@@ -76,6 +76,8 @@ class ParallelStrategy:
             )
             if self.initial_in_worker:
                 self.pool.states.held(INITIAL_SID, core.initial, 0)
+            states = self.pool.states
+            core.discard = lambda state: states.release(state.sid)
         return self.pool
 
     def run(self, core: SearchCore) -> None:
@@ -169,11 +171,7 @@ class ParallelStrategy:
     ) -> bool:
         """`SearchCore.record` on the child's figures: the best too is a `Summary`, its state
         stays in its worker (pinned there) until the search ends."""
-        improved = core.objective.better(child, core.best)
-        kept = improved or core.ranking.worth_pushing(child, core.best)
-        core.record(name, child)
+        improved = core.record(name, child)
         if improved:
             pool.states.pin(child.sid)
-        if not kept:
-            pool.states.release(child.sid)
         return improved
