@@ -127,6 +127,54 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert lat.key(dear) == lat.objective.key(dear) < lat.key(cheap)
 
 
+def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_them():
+    """A state far above the cap is neither queued nor lost (its hash is seen: it would never
+    come back); once a raise reaches it, it is judged as if it had just arrived; a state
+    neither queued nor parked is discarded (a worker drops its copy)."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from magis.search.budget import Budget
+    from magis.search.core import SearchCore
+    from magis.search.evaluator import SearchStats
+    from magis.search.queue import QueueOrder, SearchQueue
+
+    @dataclass(eq=False)
+    class S:
+        memory: int
+        latency: float
+
+    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
+    warm = S(45, 1.3)  # a peer's plan: the best to beat, far above the cap
+    discarded = []
+    core = SearchCore(
+        order.objective,
+        SearchOptions(),
+        (),
+        SimpleNamespace(stats=SearchStats()),
+        Budget(60.0, max_states=100),
+        order,
+        SearchQueue(order),
+        S(100, 1.0),
+        warm,
+        None,
+        None,
+        discard=discarded.append,
+    )
+    deep, cheap, dear = S(50, 1.2), S(90, 1.0), S(200, 1.0)
+    assert not order.worth_pushing(deep, warm) and order.parks(deep)
+    for state in (deep, cheap, dear):
+        core.record("remat", state)
+    assert discarded == [dear] and core.queue.pop()[0] is cheap and not core.queue
+    while order.reach < deep.latency:  # the frontier stands still: the cap rises
+        core.record("remat", S(91, 1.0))
+    queued = []
+    while core.queue:
+        queued.append(core.queue.pop()[0])
+    assert sum(q is deep for q in queued) == 1
+    assert not order.parks(S(39, 1.5))  # within the limit: the objective's own test
+
+
 def test_latency_limited_queue_pops_the_best_state_every_other_time_while_it_sweeps():
     """The sweep ranks cheap savings first, but the best state (a peer's plan near the limit)
     is not kept waiting for it: every other pop is by BetterThan until the cap is the limit."""
