@@ -39,7 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
-from magis.baselines.base import Failure, Outcome, point
+from magis.baselines.base import Failure, Outcome, point, size_text
 from magis.cost import CostModel
 from magis.errors import MagisError
 from magis.ir import Graph, Ref
@@ -239,7 +239,7 @@ class BudgetRun:
     def run(self) -> BudgetRun:
         if self.t.resident_bytes > self.budget:
             raise BudgetFailure(
-                f"the resident placeholders alone need {_gib(self.t.resident_bytes)}"
+                f"the resident placeholders alone need {size_text(self.t.resident_bytes)}"
             )
         for nid in self.t.order:
             self._run_node(nid)
@@ -333,8 +333,8 @@ class BudgetRun:
             s = self.policy.choose(self)
             if s is None:
                 raise BudgetFailure(
-                    f"{t.graph.node(nid).name} needs {_gib(self.mem + new)} live "
-                    f"(budget {_gib(self.budget)}) and nothing more can be evicted"
+                    f"{t.graph.node(nid).name} needs {size_text(self.mem + new)} live "
+                    f"(budget {size_text(self.budget)}) and nothing more can be evicted"
                 )
             self.evict(s)
         for s in makes:
@@ -452,13 +452,6 @@ class BudgetRun:
             self.mem += int(self.t.nbytes[s])
 
 
-def _gib(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3f} {unit}"
-    return f"{nbytes / 2**10:.3f} KiB"
-
-
 def budget_sweep(
     method: str,
     graph: Graph,
@@ -478,10 +471,10 @@ def budget_sweep(
         try:
             run = BudgetRun(tables, budget, make_policy(tables), max_factor, deadline).run()
         except BudgetTimeout as why:
-            yield Failure(method, f"budget {ratio:g} ({_gib(budget)}): {why}", params)
+            yield Failure(method, f"budget {ratio:g} ({size_text(budget)}): {why}", params)
             return
         except BudgetFailure as why:
-            yield Failure(method, f"budget {ratio:g} ({_gib(budget)}): {why}", params)
+            yield Failure(method, f"budget {ratio:g} ({size_text(budget)}): {why}", params)
             continue
         yield run_point(method, graph, cost, run, ratio)
 
