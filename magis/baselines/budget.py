@@ -470,11 +470,10 @@ def budget_sweep(
         params = {"budget": ratio}
         try:
             run = BudgetRun(tables, budget, make_policy(tables), max_factor, deadline).run()
-        except BudgetTimeout as why:
-            yield Failure(method, f"budget {ratio:g} ({size_text(budget)}): {why}", params)
-            return
         except BudgetFailure as why:
             yield Failure(method, f"budget {ratio:g} ({size_text(budget)}): {why}", params)
+            if isinstance(why, BudgetTimeout):
+                return
             continue
         yield run_point(method, graph, cost, run, ratio)
 

@@ -154,9 +154,8 @@ class SearchCore:
         Its budget counts from `clock_start` (`time.perf_counter()`, default now): the caller's
         wait for a worker's initial state is the search's time too (on a 100,000-node step,
         25 s that a 60 s search otherwise spent past its budget)."""
-        budget = Budget(options.time_budget, options.max_states)
-        if clock_start is not None:
-            budget.start = clock_start
+        began = time.perf_counter() if clock_start is None else clock_start
+        budget = Budget(options.time_budget, options.max_states, start=began)
         if begun is None:
             begun = search_start(graph, cost, options)
         init = begun.state

@@ -134,8 +134,7 @@ class QueueOrder:
         states in 60 s and ended at 0.298 of the peak, where the latency-limit search at 1.10
         (which keeps its states above the cap) reached 0.262."""
         return (
-            not self._latency_mode
-            and self.capped
+            not self._latency_mode  # whose cap never ends (`capped`)
             and not self._tightening
             and not self.objective.satisfied(s)
             and s.latency > self.reach
