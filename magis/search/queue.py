@@ -37,7 +37,14 @@ one step above the initial latency.
   cheap line (the loss block in 8, a min cut, a swap) meets the limit at 1.19x. Before a plan
   meets the limit, too, every other pop takes the best by BetterThan (the least memory):
   a peer's plan above the cap otherwise waited for the cap, and its line with it. States
-  above the cap's lookahead are parked, not dropped (`QueueOrder.parks`).
+  above the cap's lookahead are parked, not dropped (`QueueOrder.parks`). Once a plan meets
+  the limit above the cap, though, the least memory anywhere is the line that met it dearly:
+  a user's BLOOM under memory 0.3 met it at 4.2x in 1 s and polished that to 3.9x for the
+  rest of 20 s, while its cap rose to 1.2x with the frontier at 0.42 (the latency-limit
+  search at 1.10 reaches 0.252). So the other pops then probe (`QueueOrder.probe`): the
+  states within a latency between the cap and the fastest plan met above it (the geometric
+  mean of their overheads) first, by BetterThan; each faster plan met lowers the probe, each
+  raise lifts it, a bisection of the latency at which the limit is met.
 - Latency-limit mode: the cap sweeps up to the limit in even steps over the first
   LATENCY_SWEEP of the budget. After that the cap is the limit itself. While it sweeps, every
   other pop takes the best state by BetterThan, as while tightening: the best state (a
@@ -142,19 +149,42 @@ class QueueOrder:
 
     @property
     def reach(self) -> float:
-        """The latency up to which a state above the cap is still kept (`CAP_LOOKAHEAD`)."""
-        return self.cap + CAP_LOOKAHEAD * self._step
+        """The latency up to which a state above the cap is still kept (`CAP_LOOKAHEAD`), and
+        every state within the probe."""
+        return max(self.cap + CAP_LOOKAHEAD * self._step, self.probe)
+
+    @property
+    def probe(self) -> float:
+        """In memory-limit mode, between the cap and the least latency a plan met the limit at
+        above it (before tightening): their overheads' geometric mean, a bisection of the
+        latency at which the limit is met. 0 when there is no such plan."""
+        if self._latency_mode or self._tightening or self._met_above == math.inf:
+            return 0.0
+        low = self.cap / self.initial_latency - 1
+        high = self._met_above / self.initial_latency - 1
+        return self.initial_latency * (1 + math.sqrt(max(low, 0.0) * high))
+
+    def alternate_key(self, s: MState) -> tuple:
+        """The order of the queue's other pops (`alternating`): BetterThan, except while a
+        memory-limit search probes (`probe`): then the states within the probe first, by
+        BetterThan among them."""
+        probe = self.probe
+        if probe == 0.0:
+            return self.objective.key(s)
+        return (s.latency > probe, *self.objective.key(s))
 
     def observe(self, s: MState, progress: float) -> bool:
         """Record an evaluated state; True when the order changed (re-key the queue)."""
         if not self.capped:
             return False
+        lowered = False  # the least latency met above the cap: the probe moves down
         if not self._latency_mode and self.objective.satisfied(s):
             if self._tightening and s.latency > self.cap:
                 return False  # not faster than the plan the cap is below
             if s.latency <= self.cap:
                 self._tighten(s.latency)
                 return True
+            lowered = s.latency < self._met_above
             self._met_above = min(self._met_above, s.latency)  # tightens when the cap is there
         if self._latency_mode and not self.objective.satisfied(s):
             return False
@@ -163,7 +193,7 @@ class QueueOrder:
             self._frontier = s.memory
             self._pace.append((progress, s.memory))
         if self._tightening or not self._raise_due(progress):
-            return False
+            return lowered
         self._raise(progress)
         return True
 
@@ -253,7 +283,7 @@ class SearchQueue:
     def push(self, state: MState, moves=None) -> None:
         tie = next(self._tie)
         heapq.heappush(self._heaps[0], (self.order.key(state), tie, state, moves))
-        heapq.heappush(self._heaps[1], (self.order.objective.key(state), tie, state, moves))
+        heapq.heappush(self._heaps[1], (self.order.alternate_key(state), tie, state, moves))
         self._live += 1
 
     def push_first(self, state: MState) -> None:
@@ -293,9 +323,14 @@ class SearchQueue:
         return out
 
     def rekey(self) -> None:
-        """Re-sort by the order's keys after it changed (a raised or tightened cap)."""
-        live = [
-            (self.order.key(s), t, s, m) for _, t, s, m in self._heaps[0] if t not in self._taken
-        ]
-        heapq.heapify(live)
-        self._heaps = (live, self._heaps[1])
+        """Re-sort by the order's keys after it changed (a raised or tightened cap, a moved
+        probe)."""
+        live = [(s, t, m) for _, t, s, m in self._heaps[0] if t not in self._taken]
+        keyed = (
+            [(self.order.key(s), t, s, m) for s, t, m in live],
+            [(self.order.alternate_key(s), t, s, m) for s, t, m in live],
+        )
+        for heap in keyed:
+            heapq.heapify(heap)
+        self._heaps = keyed
+        self._taken.clear()

@@ -54,15 +54,20 @@ def _serve(conn: Connection, wid: int, setup: bytes) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send((_BOOTED, None))  # `LocalWorkers.booted` hears it
-    while True:
-        try:
+    # The main process hangs up when the search ends, at times in the middle of a call (its
+    # budget ran out): a reset or broken pipe then is the end, not an error to print.
+    hung_up = (EOFError, ConnectionResetError, BrokenPipeError)
+    try:
+        while True:
             call = conn.recv()
-        except EOFError:
-            return
-        try:
-            conn.send(("ok", worker.handle(call)))
-        except Exception:  # noqa: BLE001 - sent back and raised there, as the serial search would
-            conn.send(("error", traceback.format_exc()))
+            try:
+                conn.send(("ok", worker.handle(call)))
+            except hung_up:
+                raise
+            except Exception:  # noqa: BLE001 - sent back and raised there, as the serial search
+                conn.send(("error", traceback.format_exc()))
+    except hung_up:
+        return
 
 
 _BOOTED = "booted"  # a local worker's first message: it is ready for calls

@@ -54,8 +54,8 @@ def test_objective_ranks_satisfying_states_first():
 def test_a_plan_above_the_cap_waits_for_it():
     """A plan that meets the memory limit at a high latency (a baseline's, or the search's
     own whole-step split) is not the first state expanded and does not tighten the cap (the
-    cheap lines go first), but every other pop still takes it (the best by BetterThan); once
-    the cap rises to it, the cap tightens below it."""
+    cheap lines go first); it moves the other pops' probe below it; once the cap rises to it,
+    the cap tightens below it."""
     from dataclasses import dataclass
 
     from magis.search.queue import CAP_WINDOW, WARM_START_PREFIX, QueueOrder
@@ -70,12 +70,12 @@ def test_a_plan_above_the_cap_waits_for_it():
     order.observe(S(100, 1.0), 0.0)
     assert order.alternating  # in memory-limit mode, every other pop by BetterThan throughout
     warm = S(38, 1.06, (f"{WARM_START_PREFIX}xla-remat",))
-    assert not order.observe(warm, 0.0) and not order.tightening
-    assert order.alternating
+    assert order.observe(warm, 0.0) and not order.tightening  # the probe moved
+    assert order.alternating and order.cap < order.probe < warm.latency
     cheap = S(90, 1.01)
     assert order.key(cheap) < order.key(warm)
     found = S(38, 1.06, ("fission:enable-direct",))  # the search's own
-    assert not order.observe(found, 0.0) and not order.tightening
+    assert not order.observe(found, 0.0) and not order.tightening  # no faster: nothing moved
     assert order.key(cheap) < order.key(found)
     raises = [order.observe(S(90, 1.0), k * 1.5 * CAP_WINDOW) for k in range(1, 4)]
     assert any(raises) and order.tightening and order.cap < warm.latency
@@ -102,7 +102,7 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert not order.observe(S(79, 1.0), CAP_WINDOW + 0.01)  # 100 -> 79 in a window: fast
     assert order.observe(S(79, 1.0), 2.5 * CAP_WINDOW)  # nothing in a window: too slow
     assert order.cap == pytest.approx(cap + CAP_STEP)
-    assert not order.observe(S(40, 1.4), 0.3)  # the limit met far above the cap: it waits
+    assert order.observe(S(40, 1.4), 0.3)  # the limit met far above the cap: it waits, probed
     assert not order.tightening and order.cap == pytest.approx(cap + CAP_STEP)
     assert order.observe(S(40, 1.04), 0.3)  # met within the cap: tighten below its latency
     assert order.cap == pytest.approx(1.04 - CAP_STEP)
@@ -173,6 +173,34 @@ def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_
         queued.append(core.queue.pop()[0])
     assert sum(q is deep for q in queued) == 1
     assert not order.parks(S(39, 1.5))  # within the limit: the objective's own test
+
+
+def test_memory_limited_queue_probes_between_its_cap_and_the_fastest_plan_met_above_it():
+    """Once a plan meets the limit above the cap, the other pops take the states within the
+    probe (the geometric mean of the two latencies' overheads) by memory, not the least memory
+    anywhere (that line met the limit dearly already); a faster plan met lowers the probe."""
+    from dataclasses import dataclass
+
+    from magis.search.queue import CAP_STEP, QueueOrder, SearchQueue
+
+    @dataclass
+    class S:
+        memory: int
+        latency: float
+
+    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
+    assert order.probe == 0.0  # nothing met yet: the other pops are BetterThan's
+    assert order.observe(S(39, 2.0), 0.01)  # met far above the cap: the order changed
+    assert order.probe == pytest.approx(1 + (CAP_STEP * 1.0) ** 0.5)
+    assert order.reach >= order.probe  # what the probe pops is kept, not parked
+    queue = SearchQueue(order)
+    dive, probed, cheap = S(45, 3.0), S(60, 1.1), S(80, 1.0)
+    for state in (dive, probed, cheap):
+        queue.push(state)
+    assert [queue.pop()[0] for _ in range(3)] == [cheap, probed, dive]
+    assert order.observe(S(40, 1.1), 0.02)  # met faster, still above the cap
+    assert order.probe == pytest.approx(1 + (CAP_STEP * 0.1) ** 0.5)
+    assert not order.observe(S(40, 1.5), 0.03)  # slower than the best met: nothing moves
 
 
 def test_latency_limited_queue_pops_the_best_state_every_other_time_while_it_sweeps():
