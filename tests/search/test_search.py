@@ -1,7 +1,7 @@
 """The search (Alg. 3): it improves, stays valid, and its best plan runs and verifies."""
 
 import itertools
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -127,27 +127,16 @@ def test_memory_limited_queue_expands_cheap_states_first_and_raises_its_cap():
     assert lat.key(dear) == lat.objective.key(dear) < lat.key(cheap)
 
 
-def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_them():
-    """A state far above the cap is neither queued nor lost (its hash is seen: it would never
-    come back); once a raise reaches it, it is judged as if it had just arrived; a state
-    neither queued nor parked is discarded (a worker drops its copy)."""
-    from dataclasses import dataclass
+def _bare_core(order, initial, best, discard):
+    """A SearchCore whose records the test makes by hand (no rules, no evaluator)."""
     from types import SimpleNamespace
 
     from magis.search.budget import Budget
     from magis.search.core import SearchCore
     from magis.search.evaluator import SearchStats
-    from magis.search.queue import QueueOrder, SearchQueue
+    from magis.search.queue import SearchQueue
 
-    @dataclass(eq=False)
-    class S:
-        memory: int
-        latency: float
-
-    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
-    warm = S(45, 1.3)  # a peer's plan: the best to beat, far above the cap
-    discarded = []
-    core = SearchCore(
+    return SearchCore(
         order.objective,
         SearchOptions(),
         (),
@@ -155,12 +144,31 @@ def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_
         Budget(60.0, max_states=100),
         order,
         SearchQueue(order),
-        S(100, 1.0),
-        warm,
+        initial,
+        best,
         None,
         None,
-        discard=discarded.append,
+        discard=discard,
     )
+
+
+@dataclass(eq=False)
+class _Figures:
+    memory: int
+    latency: float
+
+
+def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_them():
+    """A state far above the cap is neither queued nor lost (its hash is seen: it would never
+    come back); once a raise reaches it, it is judged as if it had just arrived; a state
+    neither queued nor parked is discarded (a worker drops its copy)."""
+    from magis.search.queue import QueueOrder
+
+    S = _Figures
+    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
+    warm = S(45, 1.3)  # a peer's plan: the best to beat, far above the cap
+    discarded = []
+    core = _bare_core(order, S(100, 1.0), warm, discarded.append)
     deep, cheap, dear = S(50, 1.2), S(90, 1.0), S(200, 1.0)
     assert not order.worth_pushing(deep, warm) and order.parks(deep)
     for state in (deep, cheap, dear):
@@ -173,6 +181,27 @@ def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_
         queued.append(core.queue.pop()[0])
     assert sum(q is deep for q in queued) == 1
     assert not order.parks(S(39, 1.5))  # within the limit: the objective's own test
+
+
+def test_a_search_queues_at_most_a_few_children_with_one_pair_of_figures():
+    """Moves that change neither the peak nor the latency make a plateau of distinct graphs
+    with the same figures: TWIN_LIMIT of them are queued, the others discarded."""
+    from magis.search.core import TWIN_LIMIT
+    from magis.search.queue import QueueOrder
+
+    S = _Figures
+    order = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
+    discarded = []
+    core = _bare_core(order, S(100, 1.0), S(100, 1.0), discarded.append)
+    twins = [S(80, 1.05) for _ in range(TWIN_LIMIT + 2)]
+    other = S(80, 1.04)
+    for state in (*twins, other):
+        core.record("remat", state)
+    assert discarded == twins[TWIN_LIMIT:]
+    queued = []
+    while core.queue:
+        queued.append(core.queue.pop()[0])
+    assert sorted(map(id, queued)) == sorted(map(id, [*twins[:TWIN_LIMIT], other]))
 
 
 def test_memory_limited_queue_probes_between_its_cap_and_the_fastest_plan_met_above_it():
