@@ -121,10 +121,11 @@ Moves = Iterator[Move]
 # Children with one pair of figures (peak, latency) queued at most: moves that touch neither
 # (a recomputation or a swap away from the peak, at no time) make a plateau of distinct
 # graphs with one pair of figures, and the queue ranked all of it ahead of every line above
-# that peak: a user's BLOOM under memory 0.3 popped states at 55,652,356 B and 1.221x for 5 s
-# of a 20 s search, one peak step each (so no tie-break by the peak's width helps), and met
-# the limit at 1.07x in 1 of 3 runs; with at most 4 of them, at 1.08x in 2 of 2. A twin is
-# discarded like a state not worth pushing (its hash stays seen).
+# that peak (a user's BLOOM under memory 0.3 popped states at 55,652,356 B and 1.221x for 5 s
+# of a 20 s search, one peak step each, so no tie-break by the peak's width helps). With at
+# most 4, 60 s corpus searches explore 1.2-2.6x the states and lose nothing measured (README
+# "Memory 0.25 on the corpus"); BLOOM's plateaus of one peak at many latencies remain. A twin
+# is discarded like a state not worth pushing (its hash stays seen).
 TWIN_LIMIT = 4
 
 

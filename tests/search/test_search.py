@@ -208,15 +208,9 @@ def test_memory_limited_queue_probes_between_its_cap_and_the_fastest_plan_met_ab
     """Once a plan meets the limit above the cap, the other pops take the states within the
     probe (the geometric mean of the two latencies' overheads) by memory, not the least memory
     anywhere (that line met the limit dearly already); a faster plan met lowers the probe."""
-    from dataclasses import dataclass
-
     from magis.search.queue import CAP_STEP, QueueOrder, SearchQueue
 
-    @dataclass
-    class S:
-        memory: int
-        latency: float
-
+    S = _Figures
     order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
     assert order.probe == 0.0  # nothing met yet: the other pops are BetterThan's
     assert order.observe(S(39, 2.0), 0.01)  # met far above the cap: the order changed
