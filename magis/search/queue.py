@@ -173,6 +173,14 @@ class QueueOrder:
             return self.objective.key(s)
         return (s.latency > probe, *self.objective.key(s))
 
+    def lowers_frontier(self, s: MState) -> bool:
+        """Whether `s` has less memory than any state seen within the cap: the state the
+        capped order pops first (the frontier), which the objective does not rank first
+        while a plan above the cap is the best (`SearchCore.leader`)."""
+        if not self.capped or (self._latency_mode and not self.objective.satisfied(s)):
+            return False
+        return s.latency <= self.cap and s.memory < self._frontier
+
     def observe(self, s: MState, progress: float) -> bool:
         """Record an evaluated state; True when the order changed (re-key the queue)."""
         if not self.capped:
@@ -189,7 +197,7 @@ class QueueOrder:
         if self._latency_mode and not self.objective.satisfied(s):
             return False
         bisect.insort(self._seen, (s.latency, s.memory))
-        if s.latency <= self.cap and s.memory < self._frontier:
+        if self.lowers_frontier(s):
             self._frontier = s.memory
             self._pace.append((progress, s.memory))
         if self._tightening or not self._raise_due(progress):

@@ -156,6 +156,7 @@ def _bare_core(order, initial, best, discard):
 class _Figures:
     memory: int
     latency: float
+    in_lineage: bool = False
 
 
 def test_memory_limited_search_parks_states_above_its_cap_until_the_cap_reaches_them():
@@ -202,6 +203,31 @@ def test_a_search_queues_at_most_a_few_children_with_one_pair_of_figures():
     while core.queue:
         queued.append(core.queue.pop()[0])
     assert sorted(map(id, queued)) == sorted(map(id, [*twins[:TWIN_LIMIT], other]))
+
+
+def test_the_state_that_lowers_the_frontier_is_offered_a_reanalysis_as_the_best_is():
+    """Under a memory limit met dearly above the cap, the best is that plan; the state with the
+    least memory within the cap (the leader) is offered a re-analysis too (Alg. 3's Analyze),
+    once, and a lineage takes its place; a state above the cap, or not the least, is not."""
+    from magis.search.queue import QueueOrder
+
+    S = _Figures
+    order = QueueOrder(Objective(Mode.MEMORY_LIMIT, 40), initial_latency=1.0, delta=1.1)
+    met = S(39, 4.0)  # a plan meeting the limit at four times the latency
+    core = _bare_core(order, S(100, 1.0), met, lambda state: None)
+    low, lower, dear = S(80, 1.0), S(70, 1.02), S(60, 1.5)
+    for state in (low, lower, dear):
+        core.record("remat", state)
+    assert core.best is met and core.leader is lower
+    assert core.offers_reanalysis(lower) and core.offers_reanalysis(met)
+    assert not core.offers_reanalysis(low) and not core.offers_reanalysis(dear)
+    core.record("remat", S(75, 1.01))  # not below the frontier: the leader stays
+    assert core.leader is lower
+    analysed = core.reanalysed_elsewhere(lower)  # a worker found a lineage for it
+    assert core.leader is analysed and analysed.in_lineage and core.best is met
+    assert not core.offers_reanalysis(analysed)
+    lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
+    assert not lat.lowers_frontier(S(10, 1.2))  # over the latency limit: never the frontier
 
 
 def test_memory_limited_queue_probes_between_its_cap_and_the_fastest_plan_met_above_it():
