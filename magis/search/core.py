@@ -151,8 +151,9 @@ class SearchCore:
     discard: Callable[[MState | Summary], None] = lambda state: None
     # children recorded per (peak bytes, latency): `TWIN_LIMIT`
     figures_seen: Counter[tuple[int, float]] = field(default_factory=Counter)
-    # The latest state that lowered the queue's frontier (the least memory within its cap),
-    # offered a re-analysis when popped as the best is (`offers_reanalysis`).
+    # Under a memory limit, the latest state that lowered the queue's frontier (the least
+    # memory within its cap), offered a re-analysis when popped as the best is
+    # (`offers_reanalysis`, `QueueOrder.leads`).
     leader: MState | Summary | None = None
 
     @staticmethod
@@ -338,7 +339,7 @@ class SearchCore:
             self.best = child
             self._improvement(name)
         fresh = self._count_twins(child) < TWIN_LIMIT
-        if self.ranking.lowers_frontier(child):
+        if self.ranking.leads(child):
             self.leader = child
         if fresh and self.ranking.worth_pushing(child, self.best):
             self.queue.push(child)

@@ -181,6 +181,13 @@ class QueueOrder:
             return False
         return s.latency <= self.cap and s.memory < self._frontier
 
+    def leads(self, s: MState) -> bool:
+        """Whether `s` becomes a memory-limit search's leader (`SearchCore.leader`): it lowers
+        the frontier. Under a latency limit the best already ranks by memory, as the frontier
+        does, and differs from it only while the cap sweeps; analysing the frontier there too
+        moved the corpus's median memory under 1.10 from 0.263 to 0.271 (one 60 s run each)."""
+        return not self._latency_mode and self.lowers_frontier(s)
+
     def observe(self, s: MState, progress: float) -> bool:
         """Record an evaluated state; True when the order changed (re-key the queue)."""
         if not self.capped:

@@ -228,6 +228,7 @@ def test_the_state_that_lowers_the_frontier_is_offered_a_reanalysis_as_the_best_
     assert not core.offers_reanalysis(analysed)
     lat = QueueOrder(Objective(Mode.LATENCY_LIMIT, 1.1), initial_latency=1.0, delta=1.1)
     assert not lat.lowers_frontier(S(10, 1.2))  # over the latency limit: never the frontier
+    assert lat.lowers_frontier(S(10, 1.0)) and not lat.leads(S(10, 1.0))  # its best is by memory
 
 
 def test_memory_limited_queue_probes_between_its_cap_and_the_fastest_plan_met_above_it():
