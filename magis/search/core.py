@@ -318,7 +318,7 @@ class SearchCore:
         a lineage."""
         return self._took_over(state, replace(state, in_lineage=True))
 
-    def _took_over(self, state: MState | Summary, analysed: MState | Summary):
+    def _took_over(self, state: MState | Summary, analysed: MState | Summary) -> MState | Summary:
         """`analysed` (`state` with a lineage) in the place of `state` as the best or the
         leader."""
         if state is self.best:
