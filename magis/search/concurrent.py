@@ -90,7 +90,7 @@ class ConcurrentStrategy(ParallelStrategy):
         if out.name is None:  # no more moves: the state is done with
             pool.states.release(moves.sid)
             return True
-        child = pool.replay(core.evaluator, out)
+        child = self.replayed(core, pool, moves, out)
         if child is None:
             return False
         job.evaluated += 1

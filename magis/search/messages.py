@@ -38,7 +38,11 @@ class Task:
     end, or builds a child better than the best, or `children` children are built, or the
     batch's moves or seconds run out: a worker expanding a state of its own
     (`magis.search.concurrent`) does not wait for the main process between two moves that
-    take a millisecond each."""
+    take a millisecond each.
+
+    `fission`: whether the state's F-Tree moves may be built (`SearchCore.fission_affordable`,
+    decided by the main process, which holds the budget and the measured cost of a split);
+    when False, such a move is answered unbuilt, as `unaffordable`."""
 
     sid: Sid
     index: int
@@ -47,6 +51,7 @@ class Task:
     trees: tuple
     drop: tuple[Sid, ...]
     batch: Batch | None = None
+    fission: bool = True
 
     def answer(self, worker: Worker) -> list[Outcome]:
         return worker.evaluate(self)
@@ -78,6 +83,7 @@ class Outcome:
     breakdown: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0  # the move's work in the worker: finding it, building the child
     load_seconds: float = 0.0  # unpickling the state, when it came with the task
+    unaffordable: bool = False  # an F-Tree move left unbuilt: the task forbade fission
 
 
 # --- the calls a worker answers (each a typed request: nothing is chosen by a method's name) --

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from magis.cost import CostModel
 from magis.ir import Graph
 from magis.search.core import ReorderedBest, SearchCore
+from magis.search.evaluator import FISSION_MOVE_PREFIX
 from magis.search.initial import INITIAL_SID, SearchStart
-from magis.search.messages import BuildInitial, HotspotKey, Summary
+from magis.search.messages import BuildInitial, HotspotKey, Outcome, Summary
 from magis.search.pickling import dumps
 from magis.search.pool import ParallelChildren, PendingMoves
 from magis.search.state import MState
@@ -74,6 +75,7 @@ class ParallelStrategy:
             self.pool = ParallelChildren.start(
                 self.workers.transport, core.options.workers, core.evaluator
             )
+            self.pool.fission_affordable = core.fission_affordable
             if self.initial_in_worker:
                 self.pool.states.held(INITIAL_SID, core.initial, 0)
             states = self.pool.states
@@ -132,7 +134,7 @@ class ParallelStrategy:
             if out.name is None:  # no more moves: the state is done with
                 pool.states.release(moves.sid)
                 return
-            child = pool.replay(core.evaluator, out)
+            child = self.replayed(core, pool, moves, out)
             if child is None:
                 continue
             evaluated += 1
@@ -165,6 +167,17 @@ class ParallelStrategy:
         if not found:
             return state
         return core.reanalysed_elsewhere(state)
+
+    def replayed(
+        self, core: SearchCore, pool: ParallelChildren, moves: PendingMoves, out: Outcome
+    ) -> Summary | None:
+        """`ParallelChildren.replay`, a built F-Tree move's seconds observed as
+        `SearchCore.expand` observes them (`FissionCost`: the next tasks say whether splits
+        are affordable)."""
+        materialized = out.hash is not None  # the split was made (then maybe seen before)
+        if materialized and out.name.startswith(FISSION_MOVE_PREFIX):
+            core.observe_fission(out.seconds, moves.nodes)
+        return pool.replay(core.evaluator, out)
 
     def record_child(
         self, core: SearchCore, pool: ParallelChildren, name: str, child: Summary

@@ -6,6 +6,7 @@ final re-ordering of the best run by the worker that holds it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,9 @@ class ParallelChildren:
     transfer: _TransferCost = field(default_factory=lambda: _TransferCost())
     cost: CostModel | None = None  # the search's: states travel with it by name
     reordering: _Reordering | None = None
+    # Whether a state of so many nodes may have its F-Tree moves built now
+    # (`SearchCore.fission_affordable`): told to the workers with each task.
+    fission_affordable: Callable[[int], bool] = lambda nodes: True
 
     @staticmethod
     def start(transport: LocalWorkers | RayWorkers, n: int, ev: Evaluator) -> ParallelChildren:
@@ -246,6 +250,7 @@ class ParallelChildren:
             tuple(self.tree_log[trees_at:]),
             self.states.take_drops(wid),
             batch,
+            self.fission_affordable(moves.nodes),
         )
         self.cursors[wid] = (len(self.seen_log), len(self.tree_log))
         with deferred_interrupt():
@@ -293,6 +298,9 @@ class ParallelChildren:
         for part, seconds in out.breakdown.items():
             ev.stats.breakdown[part] += seconds
         ev.stats.meta_rejected += out.meta_rejected
+        if out.unaffordable:
+            ev.stats.unaffordable += 1
+            return None
         if out.tree_key is not None:
             if out.tree_key in ev.seen_trees:
                 ev.stats.duplicates += 1

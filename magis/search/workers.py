@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from magis.search.collector import worker_pace
-from magis.search.evaluator import Evaluator
+from magis.search.evaluator import FISSION_MOVE_PREFIX, Evaluator
 from magis.search.fission_moves import Lineage, analyze_timed, hotspot_key
 from magis.search.initial import INITIAL_SID, search_start
 from magis.search.messages import Outcome, Reanalyse, Sid, Summary, Task, WorkerCall
@@ -87,7 +87,7 @@ class ChildWorker:
         children = 0
         while True:
             begun = time.perf_counter()
-            out = self._evaluate(task.sid, task.index + len(outcomes))
+            out = self._evaluate(task.sid, task.index + len(outcomes), task.fission)
             outcomes.append(replace(out, seconds=time.perf_counter() - begun))
             children += out.child is not None
             if batch is None or out.name is None or len(outcomes) >= batch.moves:
@@ -99,11 +99,13 @@ class ChildWorker:
         outcomes[0] = replace(outcomes[0], load_seconds=load_seconds)
         return outcomes
 
-    def _evaluate(self, sid: Sid, index: int) -> Outcome:
+    def _evaluate(self, sid: Sid, index: int, fission: bool) -> Outcome:
         move = self._move(sid, index)
         if move is None:
             return Outcome(index, None)
         name, make_child = move
+        if not fission and name.startswith(FISSION_MOVE_PREFIX):
+            return Outcome(index, name, unaffordable=True)
         ev, trees = self.evaluator, self.evaluator.seen_trees
         ev.probe, trees.probe = None, None
         rejected, before = ev.stats.meta_rejected, dict(ev.stats.breakdown)

@@ -693,10 +693,12 @@ def test_the_rules_context_shares_the_evaluators_index_of_the_order():
     assert ctx.position == {n: i for i, n in enumerate(state.order)}
 
 
-def test_fission_children_expected_to_outlast_the_budget_are_not_built(monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fission_children_expected_to_outlast_the_budget_are_not_built(monkeypatch, workers):
     """`budget.FissionCost`: with the first child priced at far more than the budget, a timed
     search builds no fission child (it counts them as unaffordable) and still improves through
-    the other rules; counted in states, the same search splits (no clock is read)."""
+    the other rules, also where workers build the children (the main process tells them,
+    `Task.fission`); counted in states, the same search splits (no clock is read)."""
     import magis.search.budget as budget
 
     _, step = workload_step("gpt-neo-1.3b:tiny", dtype=torch.float64)
@@ -704,10 +706,13 @@ def test_fission_children_expected_to_outlast_the_budget_are_not_built(monkeypat
     base = simulate(step.graph, step.graph.program_order(), cost)
     objective = Objective(Mode.LATENCY_LIMIT, 1.10 * base.latency_s)
     monkeypatch.setattr(budget, "FISSION_PRIOR", 1e9)
-    timed = optimize_graph(step.graph, cost, objective, SearchOptions(time_budget=4))
+    options = SearchOptions(time_budget=4 * workers, workers=workers)
+    timed = optimize_graph(step.graph, cost, objective, options)
     assert timed.stats.unaffordable > 0
     assert not any(r.startswith("fission:") for r in timed.stats.rules_applied)
     assert timed.best.memory < base.peak_bytes
+    if workers > 1:
+        return
     counted = optimize_graph(
         step.graph, cost, objective, SearchOptions(time_budget=60, max_states=30)
     )
