@@ -67,7 +67,7 @@ def carry_control_deps(graph: Graph, old: int, new: Iterable[int]) -> None:
     """The nodes `new`, made in place of `old` by a rewrite, run after what `old` had to run
     after, and before what had to run after `old` (a joint graph's backward waits for its
     forward through such edges: `magis.capture.joint`)."""
-    followers = [a for a in graph.with_control_deps() if old in graph.control_deps(a)]
+    followers = graph.control_followers(old)
     for nid in new:
         for before in graph.control_deps(old):
             graph.add_control_dep(before, nid)

@@ -34,3 +34,18 @@ def test_removing_a_node_drops_it_from_its_followers_only_in_that_graph():
     assert h.is_valid_schedule([0, b, c])
     assert g.control_deps(b) == {a} and g.control_deps(c) == {a}  # the original keeps them
     assert not g.is_valid_schedule([0, b, a, c])
+
+
+def test_a_nodes_control_followers_are_those_that_wait_for_it_and_no_data_reader():
+    """`Graph.control_followers` (read off the node's successors) against its definition over
+    every node with control dependencies: `d` reads `a`'s output (a data reader, no
+    follower) and waits for `b`."""
+    g, x, a, b, c = _chain()
+    d = g.add_op("d", "aten.neg.default", (Ref(a),), outputs=(META,))
+    g.add_control_dep(b, d)
+    for h in (g, g.copy()):
+        for n in (x, a, b, c, d):
+            defined = [f for f in h.with_control_deps() if n in h.control_deps(f)]
+            assert h.control_followers(n) == sorted(defined)
+    assert g.control_followers(a) == [b, c] and g.control_followers(b) == [d]
+    assert g.control_followers(c) == [] and g.control_followers(d) == []
