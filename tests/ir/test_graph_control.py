@@ -2,6 +2,7 @@
 one of them changes its own, and dropped from every follower when a node goes."""
 
 from magis.ir import Graph, PlaceholderKind, Ref, TensorMeta
+from magis.ir.topological import control_followers
 
 META = TensorMeta((4,), "float32", 4)
 
@@ -37,7 +38,7 @@ def test_removing_a_node_drops_it_from_its_followers_only_in_that_graph():
 
 
 def test_a_nodes_control_followers_are_those_that_wait_for_it_and_no_data_reader():
-    """`Graph.control_followers` (read off the node's successors) against its definition over
+    """`control_followers` (read off the node's successors) against its definition over
     every node with control dependencies: `d` reads `a`'s output (a data reader, no
     follower) and waits for `b`."""
     g, x, a, b, c = _chain()
@@ -46,6 +47,6 @@ def test_a_nodes_control_followers_are_those_that_wait_for_it_and_no_data_reader
     for h in (g, g.copy()):
         for n in (x, a, b, c, d):
             defined = [f for f in h.with_control_deps() if n in h.control_deps(f)]
-            assert h.control_followers(n) == sorted(defined)
-    assert g.control_followers(a) == [b, c] and g.control_followers(b) == [d]
-    assert g.control_followers(c) == [] and g.control_followers(d) == []
+            assert control_followers(h, n) == sorted(defined)
+    assert control_followers(g, a) == [b, c] and control_followers(g, b) == [d]
+    assert control_followers(g, c) == [] and control_followers(g, d) == []
