@@ -45,13 +45,9 @@ from magis.analyze.dgraph import dgraph, node_dims
 from magis.analyze.dominators import VIRTUAL, DomTree, dominator_tree
 from magis.analyze.ftrans import (
     FTrans,
-    FTransInfo,
-    OutputKind,
     Rejected,
-    check,
-    split_of_component,
-    without_input_reductions,
 )
+from magis.analyze.regions import checked_split, grown_by_gain, grown_over_boundary, piece_score
 from magis.ir import Graph, PlaceholderKind, Ref
 
 DEFAULT_MAX_LEVEL = 4
@@ -236,6 +232,8 @@ def build_ftree(
         own = _candidates(graph, c, nodes, hot, max_level, n, label, rejected, hot_entries)
         found.extend(own)
         found.extend(_entered_pieces(graph, c, nodes, hot, max_level, n, label, own, fixed))
+        if hot_entries:
+            found.extend(_hot_seeds(graph, c, nodes, hot, max_level, n, label, found))
     return FTree(nest_by_inclusion(found), tuple(rejected))
 
 
@@ -267,7 +265,7 @@ def _candidates(
             if S and entry and not graph.node(dom).is_placeholder:
                 options.append([dom, *S])
             for members in options:
-                info = _checked(graph, members, c, n)
+                info = checked_split(graph, members, c, n)
                 if isinstance(info, Rejected):
                     rejected.append((_name(graph, dom), info.reason))
                     continue
@@ -285,6 +283,38 @@ def _candidates(
                         float(sc.heat[t]),
                     )
                 )
+    return out
+
+
+HOT_SEEDS = 4  # hot nodes per component a re-analysis grows regions from
+
+
+def _hot_seeds(graph, c, nodes, hot, max_level, n, label, found) -> list[FTreeNode]:
+    """Our extension to Algorithm 1, on re-analysis (`hot_entries`): regions grown from the
+    largest hot nodes of the component that no candidate holds (`regions.grown_by_gain`),
+    offered at the top level when their gain is positive. An attention's backward (the
+    probabilities' gradient, `_softmax_backward_data`, the `bmm`s reading it) is read from the
+    forward and from the layer after: no dominator but the virtual entry covers it, and on SD
+    U-Net its three [64 x 4096 x 4096] tensors held the peak of every plan."""
+    held = set().union(*(x.ftrans.nodes for x in found))
+    smap, inside = graph.storages(), set(nodes)
+    sizes: dict[int, int] = {}
+    for s in hot:
+        v = s.node
+        if v in inside and v not in held and not graph.node(v).is_placeholder:
+            sizes[v] = max(sizes.get(v, 0), smap.nbytes[s])
+    out: list[FTreeNode] = []
+    for v in sorted(sizes, key=lambda u: (-sizes[u], u))[:HOT_SEEDS]:
+        if any(v in x.ftrans.nodes for x in out):
+            continue
+        seed = checked_split(graph, [v], c, n)
+        if isinstance(seed, Rejected):
+            continue
+        info, gain = grown_by_gain(graph, seed, c, n, hot)
+        if gain > 0 and len(info.ftrans.nodes) > 1:
+            heat, _ = piece_score(graph, sorted(info.ftrans.nodes), hot, n)
+            out.append(FTreeNode(info.ftrans, info.length, None, c, label, v, max_level,
+                                 gain, heat))  # fmt: skip
     return out
 
 
@@ -309,122 +339,19 @@ def _entered_pieces(graph, c, nodes, hot, max_level, n, label, found, fixed) -> 
     pieces = [p for p in pieces if not any(set(p) <= x.ftrans.nodes for x in found)]
     if not pieces:
         return []  # Alg. 1's candidates hold every piece already (an LSTM step, re-analysed)
-    scored = [(_piece_score(graph, p, hot, n), p) for p in sorted(pieces)]
+    scored = [(piece_score(graph, p, hot, n), p) for p in sorted(pieces)]
     s_max = max(sc[1] for sc, _ in scored)
     out = []
     for (heat, score), members in scored:
         level = int(score / s_max * max_level) if s_max > 0 else 0
         if level < 1:
             continue
-        info = _checked(graph, members, c, n)
+        info = checked_split(graph, members, c, n)
         if not isinstance(info, Rejected):
             level = min(level, max_level)
             out.append(FTreeNode(info.ftrans, info.length, None, c, label, VIRTUAL, level,
                                  score, heat))  # fmt: skip
     return out
-
-
-GROWTH_ROUNDS = 4  # the boundary tensors a region may absorb, one per round
-GROWTH_TRIES = 3  # the largest boundary tensors tried in each round
-
-
-def grown_over_boundary(graph: Graph, info: FTransInfo, c: int, n: int) -> FTransInfo:
-    """Our extension to Alg. 1: S grown over the largest tensors of its boundary while that
-    makes the boundary smaller.
-
-    S = T.des(v_dom) \\ {v_dom} leaves v_dom's output, sliced, as S's input, and a consumer
-    outside S that reads an output along a reduce axis of its own call (a weight gradient's
-    `mm` summing over the tokens) takes that output concatenated. Both are whole tensors at the
-    region's border, and in a language model's loss block they are the largest of the step:
-    the logits, made by the head's `mm` (v_dom), and their gradient, read by the head's weight
-    gradient, each [tokens x vocabulary] — splitting the 17 ops between them keeps both whole.
-    Taking in v_dom (its input, the hidden states, is a sliced [tokens x width]) and the
-    weight-gradient `mm` (its output, summed over the parts, is [vocabulary x width]) leaves
-    no whole vocabulary-wide tensor: the chunked cross-entropy of fused kernels, found as a
-    region. A producer of an input, or the readers of an output, join S when the F-Trans stays
-    valid (`check`) and the bytes at S's border (`boundary_bytes`) drop."""
-    smap = graph.storages()
-    for _ in range(GROWTH_ROUNDS):
-        now = boundary_bytes(graph, info, smap)
-        for extra in _growths(graph, info, c, smap)[:GROWTH_TRIES]:
-            got = _checked(graph, sorted(info.ftrans.nodes | extra), c, n)
-            if not isinstance(got, Rejected) and boundary_bytes(graph, got, smap) < now:
-                info = got
-                break
-        else:
-            return info
-    return info
-
-
-def boundary_bytes(graph: Graph, info: FTransInfo, smap) -> int:
-    """The storages at S's border that exist whole: the inputs it reads that are not resident
-    (sliced or shared) and the outputs it merges (concatenated or summed), each counted once."""
-    border = {smap.storage_of(r) for r in (*info.inputs, *info.outputs)}
-    return sum(smap.nbytes[s] for s in border if s not in smap.resident)
-
-
-def _growths(graph: Graph, info: FTransInfo, c: int, smap) -> list[frozenset[int]]:
-    """The node sets S may take in, largest border tensor first: the producer of a
-    non-resident input; all readers outside S of a concatenated output. Only sets whose
-    nodes run along the component and that promise a smaller border (`_border_change`) are
-    offered: most producers read inputs as large as what they make (an elementwise chain),
-    and `check` is the analysis's most expensive step."""
-    inside = info.ftrans.nodes
-    options: list[tuple[int, frozenset[int]]] = []
-    for ref in info.inputs:
-        s = smap.storage_of(ref)
-        if s not in smap.resident and not graph.node(ref.node).is_placeholder:
-            options.append((smap.nbytes[s], frozenset({ref.node})))
-    for ref, merge in info.outputs.items():
-        if merge.kind is OutputKind.CONCAT:
-            readers = frozenset(
-                u for u in graph.users(ref.node) if u not in inside and ref in graph.node(u).inputs
-            )
-            if readers:
-                options.append((smap.nbytes[smap.storage_of(ref)], readers))
-    return [
-        nodes
-        for size, nodes in sorted(options, key=lambda o: -o[0])
-        if _along(graph, nodes, c) and _border_change(graph, inside | nodes, nodes, smap) < size
-    ]
-
-
-def _along(graph: Graph, nodes: frozenset[int], c: int) -> bool:
-    """Every node has exactly one axis in component c (`split_of_component`'s condition)."""
-    dg, dims = dgraph(graph), node_dims(graph)
-    for v in nodes:
-        d = dims.get(v)
-        if d is None or sum(dg.component_of(v, a) == c for a in d.splittable) != 1:
-            return False
-    return True
-
-
-def _border_change(graph: Graph, grown: frozenset[int], nodes: frozenset[int], smap) -> int:
-    """The bytes `nodes` bring to the border of S = `grown` (an upper bound of what taking
-    them in adds): their non-resident inputs from outside it and their outputs read outside
-    it."""
-    border = {smap.storage_of(r) for v in nodes for r in graph.node(v).inputs}
-    border = {s for s in border if s.node not in grown and s not in smap.resident}
-    outs = {
-        r for v in nodes for u in graph.users(v) if u not in grown for r in graph.node(u).inputs
-    }
-    outs.update(graph.outputs)
-    border |= {smap.storage_of(r) for r in outs if r.node in nodes}
-    return sum(smap.nbytes[s] for s in border)
-
-
-def _piece_score(graph: Graph, members: list[int], hot, n: int) -> tuple[float, float]:
-    """(heat, score) of S = `members` (Eq. 3 and Eq. 4, counted as `get_scores` counts them)."""
-    smap = graph.storages()
-    inside = set(members)
-    heat = float(sum(smap.nbytes[s] for s in hot if s.node in inside))
-    read = {smap.storage_of(r) for v in members for r in graph.node(v).inputs}
-    inputs = sum(
-        float(smap.nbytes[s])
-        for s in read
-        if s.node not in inside and s not in smap.resident and s not in hot
-    )
-    return heat, (1 - 1 / n) * heat - inputs
 
 
 def batch_fixed(graph: Graph) -> frozenset[int]:
@@ -435,17 +362,6 @@ def batch_fixed(graph: Graph) -> frozenset[int]:
         if v not in weighted and any(u in weighted for u in graph.predecessors(v)):
             weighted.add(v)
     return frozenset(v for v in graph.nodes if v not in weighted)
-
-
-def _checked(graph: Graph, members: list[int], c: int, n: int):
-    """The F-Trans splitting `members` along component c, checked, or why it is rejected."""
-    f = split_of_component(graph, members, c)
-    if not isinstance(f, Rejected):
-        f = without_input_reductions(graph, f)
-    info = check(graph, f) if not isinstance(f, Rejected) else f
-    if not isinstance(info, Rejected) and info.length % n:
-        info = Rejected(f"the score's n = {n} does not divide the length {info.length}")
-    return info
 
 
 def _lowest(tree: DomTree, band: np.ndarray) -> list[int]:

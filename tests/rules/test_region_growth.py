@@ -1,4 +1,4 @@
-"""Regions grown over their border (`analyze.ftree.grown_over_boundary`) and splits nested
+"""Regions grown over their border (`analyze.regions.grown_over_boundary`) and splits nested
 inside an enabled split (`rules.ftree_moves.nested_enableable`): a language model's loss
 block takes in the head's `mm` and its weight gradient, so that no tensor as wide as the
 vocabulary crosses its border, and it is offered inside the parts of a whole-step split."""
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import magis.analyze.ftree as ftree_module
+import magis.analyze.regions as regions_module
 from magis.analyze.ftrans import OutputKind, check
+from magis.analyze.ftree import build_ftree
 from magis.backend import compile_program, verify
 from magis.capture.trace import training_step
 from magis.cost import UnitCostModel
@@ -65,7 +66,7 @@ def test_the_loss_block_takes_in_the_head_and_its_weight_gradient(grow, monkeypa
     summed over the parts, and split in 2 and 4 it runs as eager PyTorch (float64, exact to
     rounding) at a lower simulated peak than the region Alg. 1 alone offers."""
     if not grow:
-        monkeypatch.setattr(ftree_module, "GROWTH_ROUNDS", 0)
+        monkeypatch.setattr(regions_module, "GROWTH_ROUNDS", 0)
     step = _step()
     base, order, tree = _analyzed(step)
     i = _loss_region(base, tree)
@@ -85,7 +86,7 @@ def test_the_loss_block_takes_in_the_head_and_its_weight_gradient(grow, monkeypa
         v = verify(step, compile_program(m.graph, m.order), step.make_inputs())
         assert v.verified, f"n = {n}: {v.worst} differs by {v.max_rel_err:.2e}"
         peaks[n] = simulate(m.graph, m.order, cost).peak_bytes
-    monkeypatch.setattr(ftree_module, "GROWTH_ROUNDS", 0)
+    monkeypatch.setattr(regions_module, "GROWTH_ROUNDS", 0)
     base0, order0, tree0 = _analyzed(step)
     j = _loss_region(base0, tree0)
     m0 = materialize(base0, tree0.with_n(j, 4), list(order0))
@@ -143,3 +144,50 @@ def test_the_whole_step_split_encloses_a_split_loss_block_in_one_move():
     split = fission_moves.apply(lineage, both)
     v = verify(step, compile_program(split.graph, split.order), step.make_inputs())
     assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+
+
+class _Attention(torch.nn.Module):
+    """One self-attention with [batch x heads, tokens, tokens] probabilities (as diffusers'
+    attention computes them), large next to everything else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(WIDTH, 3 * WIDTH)
+        self.out = torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(BATCH * 2, 4 * TOKENS, -1).chunk(3, dim=-1)
+        p = torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+        y = torch.bmm(p, v).reshape(BATCH, 4 * TOKENS, -1)
+        return self.out(y).tanh().sum()
+
+
+def test_a_reanalysis_grows_a_region_around_an_attentions_backward():
+    """With the backward's probability gradient and softmax gradient hot (and the forward's
+    probabilities, which they read), no dominator covers them; the re-analysis (`hot_entries`) grows a region from them (`regions.grown_by_gain`)
+    over the `bmm` that makes the gradient and the two that read the softmax's, splits it
+    along [batch x heads] or the rows, and the split runs as eager PyTorch at a lower peak."""
+    torch.manual_seed(0)
+    step = training_step(
+        _Attention().double(), (torch.randn(BATCH, 4 * TOKENS, WIDTH, dtype=torch.float64),)
+    )
+    graph, order = step.graph, step.graph.program_order()
+    sbd = [v for v in graph.ops() if graph.node(v).op == "aten._softmax_backward_data.default"]
+    (dp,) = [r.node for r in graph.node(sbd[0]).inputs[:1]]
+    probs = graph.node(sbd[0]).inputs[1]  # the forward's probabilities, live at that peak
+    smap = graph.storages()
+    hot = frozenset(
+        smap.storage_of(r) for r in (graph.node(dp).out(), graph.node(sbd[0]).out(), probs)
+    )
+    plain = build_ftree(graph, hotspots=hot, order=order)
+    assert not any({dp, sbd[0]} <= x.ftrans.nodes for x in plain.nodes)
+    tree = build_ftree(graph, hotspots=hot, order=order, hot_entries=True)
+    (i,) = [i for i, x in enumerate(tree.nodes) if {dp, sbd[0]} <= x.ftrans.nodes]
+    ops = sorted(graph.node(v).op for v in tree.nodes[i].ftrans.nodes)
+    assert ops.count("aten.bmm.default") == 3, ops
+    cost = UnitCostModel()
+    whole = simulate(graph, order, cost).peak_bytes
+    m = materialize(graph, tree.with_n(i, 2), list(order))
+    v = verify(step, compile_program(m.graph, m.order), step.make_inputs())
+    assert v.verified, f"{v.worst} differs by {v.max_rel_err:.2e}"
+    assert simulate(m.graph, m.order, cost).peak_bytes < whole
