@@ -11,6 +11,7 @@ from magis.rules.taso import (
     conv,
     conv_cat,
     distributivity,
+    ignored_input,
     matmul,
     norm_cat,
     pad,
@@ -25,6 +26,7 @@ from magis.rules.taso.conv_cat import (
     SPLIT_WGRAD_OF_CAT,
 )
 from magis.rules.taso.distributivity import EXPAND, FACTOR
+from magis.rules.taso.ignored_input import SHRINK_IGNORED_INPUTS
 from magis.rules.taso.matmul import MERGE_MATMUL, SPLIT_MATMUL
 from magis.rules.taso.norm_cat import SPLIT_BN_BACKWARD_OF_CAT
 from magis.rules.taso.pad import FOLD_ZERO_PADS
@@ -33,7 +35,7 @@ from magis.rules.taso.pad import FOLD_ZERO_PADS
 TASO_RULES = (*matmul.RULES, *cat.RULES, *distributivity.RULES, *conv.RULES, *conv_cat.RULES)
 # Substitutions that joined later (issue 42: CNN activations and DenseNet's concatenations). The catalog lists them after
 # every other rule, so that the search's order of the rules before them is unchanged.
-LATER_TASO_RULES = (*pad.RULES, *activation.RULES, *norm_cat.RULES)
+LATER_TASO_RULES = (*pad.RULES, *activation.RULES, *norm_cat.RULES, *ignored_input.RULES)
 
 __all__ = [
     "EXPAND",
@@ -47,6 +49,7 @@ __all__ = [
     "MERGE_WGRADS_OF_CAT",
     "READ_ACTIVATION_OUTPUTS",
     "SPLIT_CONV_BACKWARD",
+    "SHRINK_IGNORED_INPUTS",
     "SPLIT_BN_BACKWARD_OF_CAT",
     "SPLIT_CONV_OUTPUT",
     "SPLIT_MATMUL",
