@@ -15,8 +15,7 @@ code scatters (`magis.capture.models.gcn.SCATTERS`): fission's split along the e
 
 Everything is drawn from one `random.Random`: a seed reproduces a model exactly (its spec, its
 initial weights and its inputs). Sizes are drawn from small even and odd values alike, so that
-fission's "n must divide the length" sees both.
-"""
+fission's "n must divide the length" sees both."""
 
 from __future__ import annotations
 
@@ -218,8 +217,9 @@ class Distribute(nn.Module):
 
 
 class Bmm(nn.Module):
-    def forward(self, x):
-        gram = torch.bmm(x, x.transpose(1, 2)) / x.shape[-1]
+    def forward(self, x):  # the Gram matrix into a buffer it ignores, as diffusers' scores
+        room = torch.empty(x.shape[0], x.shape[1], x.shape[1], dtype=x.dtype)  # beta 0
+        gram = torch.baddbmm(room, x, x.transpose(1, 2), beta=0, alpha=1 / x.shape[-1])
         return torch.bmm(gram.softmax(-1), x) + x
 
 
