@@ -69,18 +69,7 @@ def _growths(graph: Graph, info: FTransInfo, c: int, smap) -> list[frozenset[int
     offered: most producers read inputs as large as what they make (an elementwise chain),
     and `check` is the analysis's most expensive step."""
     inside = info.ftrans.nodes
-    options: list[tuple[int, frozenset[int]]] = []
-    for ref in info.inputs:
-        s = smap.storage_of(ref)
-        if s not in smap.resident and not graph.node(ref.node).is_placeholder:
-            options.append((smap.nbytes[s], frozenset({ref.node})))
-    for ref, merge in info.outputs.items():
-        if merge.kind is OutputKind.CONCAT:
-            readers = frozenset(
-                u for u in graph.users(ref.node) if u not in inside and ref in graph.node(u).inputs
-            )
-            if readers:
-                options.append((smap.nbytes[smap.storage_of(ref)], readers))
+    options = _neighbours(graph, info, smap, concat_only=True)
     return [
         nodes
         for size, nodes in sorted(options, key=lambda o: -o[0])
@@ -155,7 +144,7 @@ def grown_by_gain(graph: Graph, info: FTransInfo, c: int, n: int, hot) -> tuple[
     now = region_gain(graph, info, hot, n, smap)
     for _ in range(GROWTH_ROUNDS):
         best = None
-        for extra in _neighbour_sets(graph, info, smap)[: 2 * GROWTH_TRIES]:
+        for _, extra in _neighbours(graph, info, smap)[: 2 * GROWTH_TRIES]:
             if not along(graph, extra, c):
                 continue
             got = checked_split(graph, sorted(info.ftrans.nodes | extra), c, n)
@@ -170,18 +159,23 @@ def grown_by_gain(graph: Graph, info: FTransInfo, c: int, n: int, hot) -> tuple[
     return info, now
 
 
-def _neighbour_sets(graph: Graph, info: FTransInfo, smap) -> list[frozenset[int]]:
-    """The producer of each non-resident input, the outside readers of each output."""
+def _neighbours(
+    graph: Graph, info: FTransInfo, smap, concat_only: bool = False
+) -> list[tuple[int, frozenset[int]]]:
+    """(border tensor's bytes, nodes S may take in for it): the producer of each non-resident
+    input; all readers outside S of each output (`concat_only`: of each concatenated one)."""
     inside = info.ftrans.nodes
-    options = [
-        frozenset({ref.node})
-        for ref in info.inputs
-        if smap.storage_of(ref) not in smap.resident and not graph.node(ref.node).is_placeholder
-    ]
-    for ref in info.outputs:
+    options: list[tuple[int, frozenset[int]]] = []
+    for ref in info.inputs:
+        s = smap.storage_of(ref)
+        if s not in smap.resident and not graph.node(ref.node).is_placeholder:
+            options.append((smap.nbytes[s], frozenset({ref.node})))
+    for ref, merge in info.outputs.items():
+        if concat_only and merge.kind is not OutputKind.CONCAT:
+            continue
         readers = frozenset(
             u for u in graph.users(ref.node) if u not in inside and ref in graph.node(u).inputs
         )
         if readers:
-            options.append(readers)
+            options.append((smap.nbytes[smap.storage_of(ref)], readers))
     return options

@@ -18,20 +18,20 @@ from magis.ir import Graph, Ref, TensorMeta
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule
 from magis.rules.taso.common import Replacement, replaced_in_place
 
-# The matmuls that add a scaled input, its position and the position of beta among the args.
-SCALED_ADDS = {
-    "aten.baddbmm.default": 3,
-    "aten.addmm.default": 3,
-    "aten.addbmm.default": 3,
-    "aten.addmv.default": 3,
-}
+# The matmuls that add a scaled input (their first argument); beta is their fourth.
+SCALED_ADDS = (
+    "aten.baddbmm.default",
+    "aten.addmm.default",
+    "aten.addbmm.default",
+    "aten.addmv.default",
+)
+BETA_AT = 3
 FRESH = ("aten.empty.memory_format", "aten.zeros.default")  # ops that make a tensor from a size
 
 
 def _beta(graph: Graph, nid: int) -> object:
     node = graph.node(nid)
-    at = SCALED_ADDS[node.op]
-    return node.args[at] if len(node.args) > at else node.kwargs_dict.get("beta", 1)
+    return node.args[BETA_AT] if len(node.args) > BETA_AT else node.kwargs_dict.get("beta", 1)
 
 
 def ignored_fresh_input(graph: Graph, nid: int) -> int | None:
