@@ -183,14 +183,14 @@ class ChannelNorm(nn.Module):
 
 
 class ChunkCat(nn.Module):
-    """Chunks, a gate, and a concatenation sliced again (concat/split algebra). Dimensions are
-    positive: the slice-of-concatenation rule compares them as written."""
+    """Chunks, a gate, and a concatenation sliced again (concat/split algebra): a slice that is
+    one input, and one within an input."""
 
     def forward(self, x):
         w = x.shape[-1]
         a, b = x.split([w // 2, w - w // 2], dim=2)
         joined = torch.cat([b * torch.sigmoid(a.sum(2, keepdim=True)), a], dim=2)
-        return joined[:, :, : w - w // 2].sum(2, keepdim=True) + joined
+        return joined[:, :, : w - w // 2].sum(2, keepdim=True) + joined + joined[:, :, 1:2]
 
 
 class Factor(nn.Module):

@@ -23,6 +23,7 @@ from magis.rules.taso import (
     SPLIT_CONV_BACKWARD,
     SPLIT_CONV_OUTPUT,
     SPLIT_MATMUL,
+    SPLIT_MATMUL_OF_CAT,
     SPLIT_WGRAD_OF_CAT,
 )
 from magis.rules.taso.matmul import parallel_groups
@@ -372,3 +373,56 @@ def test_the_order_around_a_merge_is_the_whole_stable_sort(workload):
                 assert all(keys[n] == i for i, n in enumerate(new_order)), rw.description
                 checked += 1
     assert checked >= 8
+
+
+def test_a_slice_inside_one_part_of_a_cat_reads_that_part():
+    """A slice within one input of a cat (fission's 2 parts sliced into 4) becomes a slice of
+    that input, and the cat dies with its last reader."""
+    step = capture(
+        lambda a, b: torch.cat([a * 2, b * 3], 0)[1:3] * 2 + torch.cat([a * 2, b * 3], 0)[-2:],
+        torch.randn(4, 3, dtype=torch.float64),
+        torch.randn(4, 3, dtype=torch.float64),
+    )
+    folded = _apply_and_verify(step, FOLD_SLICE_OF_CAT, expect_at_least=2)
+    for res, _ in folded:
+        slices = [n for n in res.added if res.graph.node(n).op == "aten.slice.Tensor"]
+        (new,) = slices
+        assert res.graph.node(res.graph.node(new).args[0].node).op == "aten.mul.Tensor"
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b, y: torch.bmm(torch.cat([a, b], 0), y),  # the batch: y sliced too
+        lambda a, b, y: torch.bmm(y, torch.cat([a, b], 0)),
+        lambda a, b, y: torch.bmm(torch.cat([a, b], 1), y[:2]),  # rows
+        lambda a, b, y: torch.bmm(y[:2], torch.cat([a, b], -1)),  # columns
+        lambda a, b, y: torch.mm(torch.cat([a[0], b[0]], 0), y[0]),
+        lambda a, b, y: torch.mm(y[0], torch.cat([a[0], b[0]], 1)),
+    ],
+)
+def test_a_product_of_a_cat_is_the_cat_of_the_products(fn):
+    """mm/bmm over an operand concatenated along a dimension the product keeps: one product
+    per part (the other operand's batch slice with it), equal to eager PyTorch; the cat is
+    gone."""
+    a, b = (torch.randn(2, 4, 4, dtype=torch.float64) for _ in range(2))
+    y = torch.randn(4, 4, 4, dtype=torch.float64)
+    step = capture(lambda a, b, y: fn(a * 2, b * 3, y) * 2, a, b, y)
+    ((res, _),) = _apply_and_verify(step, SPLIT_MATMUL_OF_CAT)
+    ops = [res.graph.node(n).op for n in res.graph.ops()]
+    assert ops.count("aten.cat.default") == 1  # the products', not the operand's
+    assert ops.count("aten.bmm.default") + ops.count("aten.mm.default") == 2
+
+
+def test_a_product_over_a_contracted_or_shared_cat_is_left_alone():
+    a, b = (torch.randn(4, 2, dtype=torch.float64) for _ in range(2))
+    y = torch.randn(4, 4, dtype=torch.float64)
+    contracted = capture(lambda a, b, y: torch.mm(torch.cat([a, b], 1), y), a, b, y)
+
+    def shared_cat(a, b, y):
+        c = torch.cat([a, b], 1)
+        return torch.mm(y, c) + c.sum()
+
+    shared = capture(shared_cat, a, b, y)
+    for step in (contracted, shared):
+        assert list(SPLIT_MATMUL_OF_CAT.match(_ctx(step.graph, None))) == []

@@ -17,7 +17,7 @@ from magis.rules.taso import (
     pad,
 )
 from magis.rules.taso.activation import READ_ACTIVATION_OUTPUTS
-from magis.rules.taso.cat import FOLD_SLICE_OF_CAT
+from magis.rules.taso.cat import FOLD_SLICE_OF_CAT, SPLIT_MATMUL_OF_CAT
 from magis.rules.taso.conv import MERGE_CONV_BACKWARD, SPLIT_CONV_BACKWARD
 from magis.rules.taso.conv_cat import (
     MERGE_CONV_OUTPUT,
@@ -35,7 +35,13 @@ from magis.rules.taso.pad import FOLD_ZERO_PADS
 TASO_RULES = (*matmul.RULES, *cat.RULES, *distributivity.RULES, *conv.RULES, *conv_cat.RULES)
 # Substitutions that joined later (issue 42: CNN activations and DenseNet's concatenations). The catalog lists them after
 # every other rule, so that the search's order of the rules before them is unchanged.
-LATER_TASO_RULES = (*pad.RULES, *activation.RULES, *norm_cat.RULES, *ignored_input.RULES)
+LATER_TASO_RULES = (
+    *pad.RULES,
+    *activation.RULES,
+    *norm_cat.RULES,
+    *ignored_input.RULES,
+    *cat.LATER_RULES,
+)
 
 __all__ = [
     "EXPAND",
@@ -53,6 +59,7 @@ __all__ = [
     "SPLIT_BN_BACKWARD_OF_CAT",
     "SPLIT_CONV_OUTPUT",
     "SPLIT_MATMUL",
+    "SPLIT_MATMUL_OF_CAT",
     "SPLIT_WGRAD_OF_CAT",
     "TASO_RULES",
 ]

@@ -1,37 +1,89 @@
-"""Concat/split algebra (TASO): a slice that exactly covers one input of a cat is that input."""
+"""Concat/split algebra (TASO, thesis ch. 3): a slice within one input of a cat reads that
+input, and a matrix product of a cat along a dimension it keeps is the cat of the products.
+
+Fission concatenates a region's parts where a reader outside it needs the whole tensor, and
+two regions split in different numbers (SD U-Net's attention: its forward recomputed in 2
+parts, its backward in 8) meet at such a cat: the backward slices the 2-part cat into 8, and
+the product for the values' gradient reads the transposed probabilities' cat whole, so two
+whole copies of the [64 x 4096 x 4096] probabilities held that plan's peak. Folding each slice
+into the part it lies in, and taking the product part by part, leaves neither cat.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewritten, RuleKind, node_rule
-from magis.rules.taso.common import CAT, SLICE, cat_dim
+from magis.rules.taso.common import (
+    CAT,
+    MM,
+    SLICE,
+    Replacement,
+    add_cat,
+    add_slice,
+    cat_dim,
+    part_meta,
+    replaced_in_place,
+)
+
+BMM = "aten.bmm.default"
 
 
-def slice_of_cat(graph: Graph, nid: int) -> Ref | None:
-    """The cat input a slice covers exactly, or None."""
+def slice_of_cat(graph: Graph, nid: int) -> tuple[Ref, int, int, int] | None:
+    """(the cat input a unit-step slice lies within, the dimension, the slice's start and end
+    in that input), or None. Negative bounds and dimensions count from the end, and an end
+    past the tensor (`x[a:]`) stops at it, as `aten.slice` reads them."""
     node = graph.node(nid)
-    if node.op != SLICE or len(node.args) < 4:
+    if node.op != SLICE or len(node.args) < 4 or node.kwargs:
         return None
     src = graph.node(node.args[0].node)
-    if src.op != CAT or node.args[1] != cat_dim(src):
+    if src.op != CAT:
         return None
-    step = node.args[4] if len(node.args) > 4 else 1
     dim, start, end = node.args[1], node.args[2], node.args[3]
+    step = node.args[4] if len(node.args) > 4 else 1
+    if not all(isinstance(x, int) for x in (dim, start, end, step)) or step != 1:
+        return None
+    shape = graph.meta(node.args[0]).shape
+    if dim % len(shape) != cat_dim(src) % len(shape):
+        return None
+    dim %= len(shape)
+    start, end = (min(max(b + shape[dim] if b < 0 else b, 0), shape[dim]) for b in (start, end))
     offset = 0
     for part in src.args[0]:
         width = graph.meta(part).shape[dim]
-        if (start, end, step) == (offset, offset + width, 1):
-            return part
+        if offset <= start < end <= offset + width:
+            return part, dim, start - offset, end - offset
         offset += width
     return None
 
 
 def fold_slice_of_cat(graph: Graph, nid: int) -> Rewritten:
-    g = graph.copy()
-    part = slice_of_cat(g, nid)
-    changed = set(g.replace_uses(Ref(nid), part))
-    g.remove_node(nid)
-    return Rewritten(g, frozenset(), frozenset(changed), frozenset({nid}))
+    """The slice's readers read the cat input it covers exactly, or a slice of the input it
+    lies within (the cat then dies with its last other reader)."""
+    part, dim, start, end = slice_of_cat(graph, nid)
+    cat = graph.node(nid).args[0].node
+    if (start, end) == (0, graph.meta(part).shape[dim]):
+        g = graph.copy()
+        changed = set(g.replace_uses(Ref(nid), part))
+        g.remove_node(nid)
+        return _without_unread(Rewritten(g, frozenset(), frozenset(changed), frozenset({nid})), cat)
+
+    def narrowed(g: Graph, old: int) -> Replacement:
+        new = add_slice(g, f"{g.node(old).name}_in_part", part, dim, start, end)
+        return Replacement((old,), (new.node,), ((Ref(old), new),))
+
+    return _without_unread(replaced_in_place(graph, [nid], narrowed), cat)
+
+
+def _without_unread(done: Rewritten, cat: int) -> Rewritten:
+    """`done` with the cat removed when the rewrite took its last reader (and it is not an
+    output of the step): a node nothing reads would still run, and hold its bytes."""
+    g = done.graph
+    if g.users(cat) or any(r.node == cat for r in g.outputs):
+        return done
+    g.remove_node(cat)
+    return replace(done, changed=done.changed - {cat}, removed=done.removed | {cat})
 
 
 FOLD_SLICE_OF_CAT = node_rule(
@@ -42,4 +94,73 @@ FOLD_SLICE_OF_CAT = node_rule(
     describe=lambda graph, n: f"fold {graph.node(n).name}",
     ops=(SLICE,),
 )
+
+
+# (op, operand, operand's dimension) -> (the product's dimension, whether the other operand is
+# sliced along its dimension 0 too): the dimensions a product keeps. A contracted dimension is
+# absent (its cat would make a sum of products, not a cat).
+_KEPT = {
+    (MM, 0, 0): (0, False),
+    (MM, 1, 1): (1, False),
+    (BMM, 0, 0): (0, True),
+    (BMM, 0, 1): (1, False),
+    (BMM, 1, 0): (0, True),
+    (BMM, 1, 2): (2, False),
+}
+
+
+def matmul_of_cat(graph: Graph, nid: int) -> tuple[int, int, int, bool] | None:
+    """(operand, the cat node, the product's dimension, whether the other operand is sliced
+    too) for an `mm`/`bmm` whose operand is a cat along a dimension the product keeps and
+    which is that cat's only reader (the rewrite frees the cat), or None."""
+    node = graph.node(nid)
+    if node.op not in (MM, BMM) or node.kwargs or len(node.args) != 2:
+        return None
+    for i, ref in enumerate(node.args):
+        src = graph.node(ref.node)
+        if src.op != CAT or len(src.args[0]) < 2 or set(graph.users(ref.node)) != {nid}:
+            continue
+        rank = len(graph.meta(ref).shape)
+        kept = _KEPT.get((node.op, i, cat_dim(src) % rank))
+        if kept is not None and node.args[1 - i] != ref:
+            return i, ref.node, *kept
+    return None
+
+
+def split_matmul_of_cat(graph: Graph, nid: int) -> Rewritten:
+    """mm/bmm(cat(A_1 .. A_k), B) = cat(mm/bmm(A_1, B_1) .. mm/bmm(A_k, B_k)), B_j the batch
+    slice of B matching A_j when the cat is along the batch, else B itself (and so for a cat
+    in the second operand): each product reads its part, the cat is never made."""
+    which, cat, out_dim, batch = matmul_of_cat(graph, nid)
+
+    def by_parts(g: Graph, old: int) -> Replacement:
+        node = g.node(old)
+        other, out, dim = node.args[1 - which], node.outputs[0], cat_dim(g.node(cat))
+        news, products, offset = [], [], 0
+        for j, part in enumerate(g.node(cat).args[0]):
+            width = g.meta(part).shape[dim]  # the cat's dimension is the product's `out_dim`
+            mine = other
+            if batch:
+                mine = add_slice(g, f"{node.name}_b{j}", other, 0, offset, offset + width)
+                news.append(mine.node)
+            args = (part, mine) if which == 0 else (mine, part)
+            meta = part_meta(out, out_dim, 0, width)
+            products.append(Ref(g.add_op(f"{node.name}_p{j}", node.op, args, outputs=(meta,))))
+            news.append(products[-1].node)
+            offset += width
+        news.append(add_cat(g, f"{node.name}_cat", products, out_dim))
+        return Replacement((old,), tuple(news), ((Ref(old), Ref(news[-1])),))
+
+    return _without_unread(replaced_in_place(graph, [nid], by_parts), cat)
+
+
+SPLIT_MATMUL_OF_CAT = node_rule(
+    "split_matmul_of_cat",
+    RuleKind.TASO,
+    accepts=lambda graph, n: matmul_of_cat(graph, n) is not None,
+    build=split_matmul_of_cat,
+    describe=lambda graph, n: f"split {graph.node(n).name} by its operand's parts",
+    ops=(MM, BMM),
+)
 RULES = (FOLD_SLICE_OF_CAT,)
+LATER_RULES = (SPLIT_MATMUL_OF_CAT,)
