@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from magis.ir import Graph, Ref
-from magis.rules.base import Rewritten, RuleKind, node_rule
+from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
 from magis.rules.taso.common import (
     CAT,
     MM,
@@ -58,22 +58,47 @@ def slice_of_cat(graph: Graph, nid: int) -> tuple[Ref, int, int, int] | None:
     return None
 
 
-def fold_slice_of_cat(graph: Graph, nid: int) -> Rewritten:
-    """The slice's readers read the cat input it covers exactly, or a slice of the input it
-    lies within (the cat then dies with its last other reader)."""
-    part, dim, start, end = slice_of_cat(graph, nid)
-    cat = graph.node(nid).args[0].node
-    if (start, end) == (0, graph.meta(part).shape[dim]):
-        g = graph.copy()
-        changed = set(g.replace_uses(Ref(nid), part))
-        g.remove_node(nid)
-        return _without_unread(Rewritten(g, frozenset(), frozenset(changed), frozenset({nid})), cat)
+def slices_of_cats(ctx: RuleContext) -> list[list[int]]:
+    """The slices `slice_of_cat` folds outside frozen regions, one group per cat: folded
+    together, the cat dies in one move (one at a time, no fold but the last frees anything,
+    and a search does not follow seven moves that gain nothing)."""
+    graph, groups = ctx.graph, {}
+    for n in ctx.nodes_of_ops((SLICE,)):
+        if n not in ctx.frozen and slice_of_cat(graph, n) is not None:
+            groups.setdefault(graph.node(n).args[0].node, []).append(n)
+    return list(groups.values())
+
+
+def fold_slices_of_cat(graph: Graph, nids: list[int]) -> Rewritten:
+    """Each slice's readers read the cat input it covers exactly, or a slice of the input it
+    lies within; the cat goes when they were its last readers."""
+    found = {n: slice_of_cat(graph, n) for n in nids}
+    inside = [n for n in nids if found[n][2:] != (0, graph.meta(found[n][0]).shape[found[n][1]])]
 
     def narrowed(g: Graph, old: int) -> Replacement:
+        part, dim, start, end = found[old]
         new = add_slice(g, f"{g.node(old).name}_in_part", part, dim, start, end)
         return Replacement((old,), (new.node,), ((Ref(old), new),))
 
-    return _without_unread(replaced_in_place(graph, [nid], narrowed), cat)
+    done = replaced_in_place(graph, inside, narrowed) if inside else None
+    g = done.graph if done is not None else graph.copy()
+    changed = set(done.changed) if done is not None else set()
+    removed = set(done.removed) if done is not None else set()
+    for n in nids:
+        if n not in inside:
+            changed.update(g.replace_uses(Ref(n), found[n][0]))
+            g.remove_node(n)
+            removed.add(n)
+    added = done.added if done is not None else frozenset()
+    places = done.in_place_of if done is not None else ()
+    result = Rewritten(
+        g, added, frozenset(changed - removed), frozenset(removed), in_place_of=places
+    )
+    return _without_unread(result, graph.node(nids[0]).args[0].node)
+
+
+def _cat_name(graph: Graph, nid: int) -> str:
+    return graph.node(graph.node(nid).args[0].node).name
 
 
 def _without_unread(done: Rewritten, cat: int) -> Rewritten:
@@ -86,13 +111,12 @@ def _without_unread(done: Rewritten, cat: int) -> Rewritten:
     return replace(done, changed=done.changed - {cat}, removed=done.removed | {cat})
 
 
-FOLD_SLICE_OF_CAT = node_rule(
+FOLD_SLICE_OF_CAT = group_rule(
     "fold_slice_of_cat",
     RuleKind.TASO,
-    accepts=lambda graph, n: slice_of_cat(graph, n) is not None,
-    build=fold_slice_of_cat,
-    describe=lambda graph, n: f"fold {graph.node(n).name}",
-    ops=(SLICE,),
+    find=slices_of_cats,
+    build=fold_slices_of_cat,
+    describe=lambda graph, nids: f"fold {len(nids)} slices of {_cat_name(graph, nids[0])}",
 )
 
 
