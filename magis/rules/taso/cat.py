@@ -16,6 +16,7 @@ from dataclasses import replace
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewritten, RuleContext, RuleKind, group_rule, node_rule
 from magis.rules.taso.common import (
+    ADD,
     CAT,
     MM,
     SLICE,
@@ -23,6 +24,7 @@ from magis.rules.taso.common import (
     add_cat,
     add_slice,
     cat_dim,
+    contiguous,
     part_meta,
     replaced_in_place,
 )
@@ -120,23 +122,27 @@ FOLD_SLICE_OF_CAT = group_rule(
 )
 
 
-# (op, operand, operand's dimension) -> (the product's dimension, whether the other operand is
-# sliced along its dimension 0 too): the dimensions a product keeps. A contracted dimension is
-# absent (its cat would make a sum of products, not a cat).
-_KEPT = {
-    (MM, 0, 0): (0, False),
-    (MM, 1, 1): (1, False),
-    (BMM, 0, 0): (0, True),
-    (BMM, 0, 1): (1, False),
-    (BMM, 1, 0): (0, True),
-    (BMM, 1, 2): (2, False),
+# (op, operand, operand's dimension) -> (the product's dimension, or None where the dimension
+# is contracted; the other operand's dimension sliced with the parts, or None): a kept
+# dimension makes a cat of products, a contracted one a sum of products.
+_SPLITS = {
+    (MM, 0, 0): (0, None),
+    (MM, 0, 1): (None, 0),
+    (MM, 1, 0): (None, 1),
+    (MM, 1, 1): (1, None),
+    (BMM, 0, 0): (0, 0),
+    (BMM, 0, 1): (1, None),
+    (BMM, 0, 2): (None, 1),
+    (BMM, 1, 0): (0, 0),
+    (BMM, 1, 1): (None, 2),
+    (BMM, 1, 2): (2, None),
 }
 
 
-def matmul_of_cat(graph: Graph, nid: int) -> tuple[int, int, int, bool] | None:
-    """(operand, the cat node, the product's dimension, whether the other operand is sliced
-    too) for an `mm`/`bmm` whose operand is a cat along a dimension the product keeps and
-    which is that cat's only reader (the rewrite frees the cat), or None."""
+def matmul_of_cat(graph: Graph, nid: int) -> tuple[int, int, int | None, int | None] | None:
+    """(operand, the cat node, the product's dimension or None, the other operand's sliced
+    dimension or None: `_SPLITS`) for an `mm`/`bmm` whose operand is a cat that this product
+    alone reads (the rewrite frees it), or None."""
     node = graph.node(nid)
     if node.op not in (MM, BMM) or node.kwargs or len(node.args) != 2:
         return None
@@ -144,35 +150,41 @@ def matmul_of_cat(graph: Graph, nid: int) -> tuple[int, int, int, bool] | None:
         src = graph.node(ref.node)
         if src.op != CAT or len(src.args[0]) < 2 or set(graph.users(ref.node)) != {nid}:
             continue
-        rank = len(graph.meta(ref).shape)
-        kept = _KEPT.get((node.op, i, cat_dim(src) % rank))
-        if kept is not None and node.args[1 - i] != ref:
-            return i, ref.node, *kept
+        split = _SPLITS.get((node.op, i, cat_dim(src) % len(graph.meta(ref).shape)))
+        if split is not None and node.args[1 - i] != ref:
+            return i, ref.node, *split
     return None
 
 
 def split_matmul_of_cat(graph: Graph, nid: int) -> Rewritten:
-    """mm/bmm(cat(A_1 .. A_k), B) = cat(mm/bmm(A_1, B_1) .. mm/bmm(A_k, B_k)), B_j the batch
-    slice of B matching A_j when the cat is along the batch, else B itself (and so for a cat
-    in the second operand): each product reads its part, the cat is never made."""
-    which, cat, out_dim, batch = matmul_of_cat(graph, nid)
+    """A product of a cat, part by part: mm/bmm(cat(A_1 .. A_k), B) is cat(A_j B_j) along a
+    dimension the product keeps (B_j: B's batch slice matching A_j along the batch, else B)
+    and the sum of A_j B_j along the contracted one (B_j: B's matching rows), and so for a cat
+    in the second operand. Each product reads its part; the cat is never made. A sum adds its
+    products in order as they come (a float sum in another order: equal to rounding)."""
+    which, cat, out_dim, other_dim = matmul_of_cat(graph, nid)
 
     def by_parts(g: Graph, old: int) -> Replacement:
         node = g.node(old)
         other, out, dim = node.args[1 - which], node.outputs[0], cat_dim(g.node(cat))
         news, products, offset = [], [], 0
         for j, part in enumerate(g.node(cat).args[0]):
-            width = g.meta(part).shape[dim]  # the cat's dimension is the product's `out_dim`
+            width = g.meta(part).shape[dim]
             mine = other
-            if batch:
-                mine = add_slice(g, f"{node.name}_b{j}", other, 0, offset, offset + width)
+            if other_dim is not None:
+                mine = add_slice(g, f"{node.name}_b{j}", other, other_dim, offset, offset + width)
                 news.append(mine.node)
             args = (part, mine) if which == 0 else (mine, part)
-            meta = part_meta(out, out_dim, 0, width)
+            meta = contiguous(out) if out_dim is None else part_meta(out, out_dim, 0, width)
             products.append(Ref(g.add_op(f"{node.name}_p{j}", node.op, args, outputs=(meta,))))
             news.append(products[-1].node)
+            if out_dim is None and j > 0:  # the running sum, as each product comes
+                total = (running, products[-1])
+                news.append(g.add_op(f"{node.name}_s{j}", ADD, total, outputs=(meta,)))
+            running = Ref(news[-1])
             offset += width
-        news.append(add_cat(g, f"{node.name}_cat", products, out_dim))
+        if out_dim is not None:
+            news.append(add_cat(g, f"{node.name}_cat", products, out_dim))
         return Replacement((old,), tuple(news), ((Ref(old), Ref(news[-1])),))
 
     return _without_unread(replaced_in_place(graph, [nid], by_parts), cat)
