@@ -33,6 +33,7 @@ from magis.rules.base import Rewrite, Rewritten, Rule, RuleContext, RuleKind
 from magis.rules.duplicates import copies_in_order, recompute_call
 from magis.rules.remat import merge_into
 from magis.rules.swap import is_swap_load, unswap_all_into
+from magis.rules.unread import remove_unread
 from magis.sim.tables import node_times, tables
 
 MIN_UNDOS = 2  # one undo alone is the plain duals' move
@@ -153,37 +154,12 @@ def undo_all(graph: Graph, undos: Sequence[Undo]) -> Rewritten:
         if keep in g and drop in g:
             c, r = merge_into(g, keep, drop)
             changed, removed = (changed | c) - r, removed | r
-    removed |= _remove_unread(g, {drop for _, drop in copies}, graph)
+    removed |= remove_unread(g, {r.node for _, d in copies for r in graph.node(d).inputs})
     loads = [u.load for u in undos if u.load is not None and u.load in g]
     if loads:
         c, r = unswap_all_into(g, loads)
         changed, removed = (changed | c) - r, removed | r
     return Rewritten(g, frozenset(), frozenset(changed - removed), frozenset(removed))
-
-
-def _remove_unread(g: Graph, merged: set[int], old: Graph) -> set[int]:
-    """Remove the nodes that fed only merged copies (the copies before them in their
-    segment, and views of them), now read by nothing; returns their ids."""
-    outputs = {r.node for r in g.outputs}
-    frontier = {r.node for d in merged for r in old.node(d).inputs}
-    removed: set[int] = set()
-    while frontier:
-        nid = frontier.pop()
-        if nid not in g or nid in outputs or g.users(nid) or nid in merged:
-            continue
-        if g.node(nid).is_placeholder or not _without_effects(g, nid):
-            continue
-        frontier |= {r.node for r in g.node(nid).inputs}
-        g.remove_node(nid)
-        removed.add(nid)
-    return removed
-
-
-def _without_effects(g: Graph, nid: int) -> bool:
-    """Whether running `nid` does nothing but make its outputs: its recomputation is itself (a
-    training batch norm that updates running statistics is recomputed without them)."""
-    node = g.node(nid)
-    return recompute_call(g, nid) == (node.args, node.kwargs_dict)
 
 
 def _describe(undos: Sequence[Undo], room: str) -> str:

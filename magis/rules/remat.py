@@ -30,6 +30,7 @@ from magis.rules.duplicates import (
     recomputed_pairs,
 )
 from magis.rules.repeated import kind_rewrites, repeated_rewrites
+from magis.rules.unread import remove_unread_upstream
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ def recompute_segment(graph: Graph, reads: LateReads, chain: tuple[int, ...]) ->
     g = graph.copy()
     changed = recompute_segment_into(g, reads, chain)
     added = g.added_since(graph)
-    return Rewritten(g, added, frozenset(changed), anchor=reads.readers[0])
+    removed = remove_unread_upstream(graph, g, changed)
+    return Rewritten(g, added, frozenset(changed), removed, anchor=reads.readers[0])
 
 
 def recompute_segment_into(g: Graph, reads: LateReads, chain: tuple[int, ...]) -> set[int]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from magis.ir import Graph, Ref
 from magis.rules.base import Rewrite, Rewritten, RuleContext, RuleKind
+from magis.rules.unread import remove_unread_upstream
 
 MIN_GROUP = 3  # fewer repeats than this are left to the one-storage rewrites
 MAX_GROUPS = 2  # kinds offered per state, largest total first
@@ -90,7 +91,8 @@ def apply_to_all(
         changed |= edit(g, r)
         placements.append((r.readers[0], tuple(n for n in range(before, g.next_id) if n in g)))
     added = g.added_since(graph)
-    return Rewritten(g, added, frozenset(changed - added), placements=tuple(placements))
+    removed = remove_unread_upstream(graph, g, changed)
+    return Rewritten(g, added, frozenset(changed - added), removed, placements=tuple(placements))
 
 
 def repeated_rewrites(

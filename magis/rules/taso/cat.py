@@ -167,7 +167,7 @@ def split_matmul_of_cat(graph: Graph, nid: int) -> Rewritten:
     def by_parts(g: Graph, old: int) -> Replacement:
         node = g.node(old)
         other, out, dim = node.args[1 - which], node.outputs[0], cat_dim(g.node(cat))
-        news, products, offset = [], [], 0
+        news, products, offset, running = [], [], 0, None
         for j, part in enumerate(g.node(cat).args[0]):
             width = g.meta(part).shape[dim]
             mine = other
