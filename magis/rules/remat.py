@@ -164,9 +164,9 @@ def recompute_segment(graph: Graph, reads: LateReads, chain: tuple[int, ...]) ->
     late reader."""
     g = graph.copy()
     changed = recompute_segment_into(g, reads, chain)
-    added = g.added_since(graph)
     removed = remove_unread_upstream(graph, g, changed)
-    return Rewritten(g, added, frozenset(changed), removed, anchor=reads.readers[0])
+    added = g.added_since(graph)
+    return Rewritten(g, added, frozenset(changed - removed), removed, anchor=reads.readers[0])
 
 
 def recompute_segment_into(g: Graph, reads: LateReads, chain: tuple[int, ...]) -> set[int]:

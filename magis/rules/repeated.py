@@ -89,10 +89,11 @@ def apply_to_all(
     for r in reads:
         before = g.next_id
         changed |= edit(g, r)
-        placements.append((r.readers[0], tuple(n for n in range(before, g.next_id) if n in g)))
+        placements.append((r.readers[0], range(before, g.next_id)))
+    removed = remove_unread_upstream(graph, g, changed)  # after every edit: they share nodes
     added = g.added_since(graph)
-    removed = remove_unread_upstream(graph, g, changed)
-    return Rewritten(g, added, frozenset(changed - added), removed, placements=tuple(placements))
+    placed = tuple((at, tuple(n for n in ids if n in g)) for at, ids in placements)
+    return Rewritten(g, added, frozenset(changed - added - removed), removed, placements=placed)
 
 
 def repeated_rewrites(

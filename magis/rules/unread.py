@@ -37,9 +37,10 @@ def remove_unread(g: Graph, start: Iterable[int]) -> set[int]:
 
 def remove_unread_upstream(parent: Graph, g: Graph, changed: Iterable[int]) -> frozenset[int]:
     """`remove_unread` from what the `changed` nodes read in `parent` (the values their
-    rewrite re-pointed them from); the ids removed."""
+    rewrite re-pointed them from); the ids of `parent`'s nodes removed."""
     changed = [n for n in changed if n in parent]
-    return frozenset(remove_unread(g, {r.node for n in changed for r in parent.node(n).inputs}))
+    gone = remove_unread(g, {r.node for n in changed for r in parent.node(n).inputs})
+    return frozenset(n for n in gone if n in parent)  # an edit's own new nodes: never added
 
 
 def without_effects(g: Graph, nid: int) -> bool:
