@@ -1,12 +1,13 @@
 """Concat/split algebra (TASO, thesis ch. 3): a slice within one input of a cat reads that
-input, and a matrix product of a cat along a dimension it keeps is the cat of the products.
+input, and a matrix product of a cat is the cat of the products along a dimension it keeps,
+their sum along the one it contracts.
 
 Fission concatenates a region's parts where a reader outside it needs the whole tensor, and
 two regions split in different numbers (SD U-Net's attention: its forward recomputed in 2
 parts, its backward in 8) meet at such a cat: the backward slices the 2-part cat into 8, and
 the product for the values' gradient reads the transposed probabilities' cat whole, so two
-whole copies of the [64 x 4096 x 4096] probabilities held that plan's peak. Folding each slice
-into the part it lies in, and taking the product part by part, leaves neither cat.
+whole copies of the [64 x 4096 x 4096] probabilities held that plan's peak. Folding the slices
+into the parts they lie in, and taking the product part by part, leaves neither cat.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from magis.rules.taso.common import (
     part_meta,
     replaced_in_place,
 )
+from magis.rules.unread import remove_unread
 
 BMM = "aten.bmm.default"
 
@@ -104,13 +106,9 @@ def _cat_name(graph: Graph, nid: int) -> str:
 
 
 def _without_unread(done: Rewritten, cat: int) -> Rewritten:
-    """`done` with the cat removed when the rewrite took its last reader (and it is not an
-    output of the step): a node nothing reads would still run, and hold its bytes."""
-    g = done.graph
-    if g.users(cat) or any(r.node == cat for r in g.outputs):
-        return done
-    g.remove_node(cat)
-    return replace(done, changed=done.changed - {cat}, removed=done.removed | {cat})
+    """`done` with the cat removed when the rewrite took its last reader (`remove_unread`)."""
+    gone = remove_unread(done.graph, {cat})
+    return replace(done, changed=done.changed - gone, removed=done.removed | gone)
 
 
 FOLD_SLICE_OF_CAT = group_rule(
