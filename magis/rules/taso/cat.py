@@ -84,21 +84,15 @@ def fold_slices_of_cat(graph: Graph, nids: list[int]) -> Rewritten:
         new = add_slice(g, f"{g.node(old).name}_in_part", part, dim, start, end)
         return Replacement((old,), (new.node,), ((Ref(old), new),))
 
-    done = replaced_in_place(graph, inside, narrowed) if inside else None
-    g = done.graph if done is not None else graph.copy()
-    changed = set(done.changed) if done is not None else set()
-    removed = set(done.removed) if done is not None else set()
+    done = replaced_in_place(graph, inside, narrowed)  # a copy of the graph, even for none
+    g, changed, removed = done.graph, set(done.changed), set(done.removed)
     for n in nids:
         if n not in inside:
             changed.update(g.replace_uses(Ref(n), found[n][0]))
             g.remove_node(n)
             removed.add(n)
-    added = done.added if done is not None else frozenset()
-    places = done.in_place_of if done is not None else ()
-    result = Rewritten(
-        g, added, frozenset(changed - removed), frozenset(removed), in_place_of=places
-    )
-    return _without_unread(result, graph.node(nids[0]).args[0].node)
+    done = replace(done, changed=frozenset(changed - removed), removed=frozenset(removed))
+    return _without_unread(done, graph.node(nids[0]).args[0].node)
 
 
 def _cat_name(graph: Graph, nid: int) -> str:
@@ -176,10 +170,11 @@ def split_matmul_of_cat(graph: Graph, nid: int) -> Rewritten:
             meta = contiguous(out) if out_dim is None else part_meta(out, out_dim, 0, width)
             products.append(Ref(g.add_op(f"{node.name}_p{j}", node.op, args, outputs=(meta,))))
             news.append(products[-1].node)
-            if out_dim is None and j > 0:  # the running sum, as each product comes
-                total = (running, products[-1])
-                news.append(g.add_op(f"{node.name}_s{j}", ADD, total, outputs=(meta,)))
-            running = Ref(news[-1])
+            if out_dim is None:  # the running sum, as each product comes
+                if j > 0:
+                    total = (running, products[-1])
+                    news.append(g.add_op(f"{node.name}_s{j}", ADD, total, outputs=(meta,)))
+                running = Ref(news[-1])
             offset += width
         if out_dim is not None:
             news.append(add_cat(g, f"{node.name}_cat", products, out_dim))
