@@ -3,7 +3,7 @@
 Every error magis raises on bad input is a `MagisError` subclass whose message is one line saying
 what is wrong and what to do. The CLI prints that line and exits non-zero; `--debug` shows the
 traceback. Ctrl-C is never an error: `deferred_interrupt` keeps it from cutting a write (or an
-exchange with a worker process) in half.
+exchange with a worker process) in half, and `interrupt_kept` from being lost.
 """
 
 from __future__ import annotations
@@ -111,3 +111,33 @@ def exception_line(exc: BaseException) -> str:
     """`TypeName: first line of the message`: an exception as one line of a report."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+@contextmanager
+def interrupt_kept() -> Iterator[None]:
+    """Ctrl-C interrupts at once, as usual, and is not lost: a KeyboardInterrupt raised inside a
+    finalizer (`__del__`, a weakref callback: a capture runs many, as fake tensors die) is
+    printed and ignored by Python, and the work would go on as if no key had been pressed. A
+    Ctrl-C seen in the block and not raised out of it is raised when the block ends. Only in the
+    main thread (signals go there)."""
+    seen: list[object] = []
+
+    def interrupt(signum, frame) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, interrupt)
+    except ValueError:  # not the main thread: signals are not handled here
+        yield
+        return
+    if previous is signal.SIG_IGN:  # a process told to ignore Ctrl-C keeps ignoring it
+        signal.signal(signal.SIGINT, previous)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if seen:  # the block ended normally: its KeyboardInterrupt was swallowed somewhere
+        raise KeyboardInterrupt

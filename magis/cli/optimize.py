@@ -44,7 +44,7 @@ from magis.cli.output import (
     write_json,
 )
 from magis.cli.tables import optimize_table
-from magis.errors import MagisError
+from magis.errors import MagisError, interrupt_kept
 from magis.plan import Plan
 from magis.search.options import TIME_BUDGET_S
 
@@ -180,7 +180,8 @@ def optimize_cmd(
         save = old_save
     keeper, setup = PlanKeeper(save), None
     try:
-        with spinner(f"preparing {workload}") as progress:
+        # the capture runs many finalizers, where a Ctrl-C would be swallowed: keep it
+        with interrupt_kept(), spinner(f"preparing {workload}") as progress:
             setup = prepare_workload_search(
                 workload,
                 limit,

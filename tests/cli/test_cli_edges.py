@@ -671,6 +671,37 @@ def test_deferred_interrupt_holds_ctrl_c_until_the_block_is_done():
     assert done == [1, 2, 3] and errors == []
 
 
+class _InterruptedWhileCollected:
+    """A finalizer that sees a Ctrl-C: Python prints its KeyboardInterrupt and ignores it."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs here, inside the finalizer
+            pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_swallowed_by_a_finalizer_is_raised_when_the_block_ends():
+    from magis.errors import interrupt_kept
+
+    handler, done = signal.getsignal(signal.SIGINT), []
+    swallowed = _InterruptedWhileCollected()
+    del swallowed  # without interrupt_kept the key press is lost: nothing is raised
+    done.append(0)
+    with pytest.raises(KeyboardInterrupt), interrupt_kept():
+        lost = _InterruptedWhileCollected()
+        del lost
+        done.append(1)  # the work went on: the interrupt comes when the block ends
+    assert done == [0, 1] and signal.getsignal(signal.SIGINT) is handler
+    with pytest.raises(KeyboardInterrupt), interrupt_kept():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # an ordinary Ctrl-C interrupts at once
+        done.append(2)
+    with interrupt_kept():  # no signal: nothing raised
+        done.append(3)
+    assert done == [0, 1, 3] and signal.getsignal(signal.SIGINT) is handler
+
+
 @pytest.mark.parametrize("args", [[], ["bench"]])
 def test_no_arguments_shows_the_help_and_no_error_line(capsys, args):
     code, out, err = invoke(capsys, *args)
